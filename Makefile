@@ -1,0 +1,38 @@
+# `make train` and `make test` work on a fresh clone: the first call creates .venv (idempotent, quick after).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+PYTHON ?= python3
+
+export OMP_NUM_THREADS ?= 1
+export DS_ACCELERATOR ?= cpu
+export WANDB_MODE ?= offline
+export WANDB_SILENT ?= true
+# Persistent JIT cache for DeepSpeed's shm comm op: compiled once (~45 s), then reused (deepspeed.md §8).
+export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/$(VENV)/torch_extensions
+
+MODEL ?= resnet101
+CONFIG ?= ds_configs/gravac_topk.json
+PYTEST_ARGS ?=
+
+.PHONY: setup test train bench clean
+
+$(STAMP): setup.py constraints.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt -e ".[hf,wandb,bench,test]"
+	@touch $(STAMP)
+
+setup: $(STAMP)
+
+test: setup
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+train: setup
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH bash runners/make_train.sh "$(MODEL)" "$(CONFIG)"
+
+bench: setup
+	$(PY) runners/bench_compressors.py --sets resnet101 --out bench_results/micro.json
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -1,0 +1,51 @@
+"""ds_gravac: compressed gradient synchronization for DeepSpeed (GraVAC, Accordion, static compression).
+
+``import ds_gravac`` never imports transformers, wandb or matplotlib.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+from .compress.base import CompressCtx, Compressor, CompressorParams, Kind, Payload, Section, TensorPlan  # noqa: E402
+from .compress.registry import register_compressor  # noqa: E402
+from .errors import GravacConfigError, GravacError, GravacUnsupportedError  # noqa: E402
+from .integration.engine import GravacHandle, attach, get_handle  # noqa: E402
+
+
+def initialize(*args: Any, gravac: Any = None, **kwargs: Any) -> tuple:
+    """Drop-in for ``deepspeed.initialize``: same arguments, same 4-tuple, gradient sync taken over."""
+    import deepspeed
+
+    from .integration.engine import NO_SECTION, _resolve_section
+    result = deepspeed.initialize(*args, **kwargs)
+    engine = result[0]
+    try:
+        _resolve_section(engine, gravac)
+    except GravacConfigError:
+        raise GravacConfigError(NO_SECTION) from None
+    attach(engine, config=gravac)
+    return result
+
+
+def detach(engine: Any) -> None:
+    handle = get_handle(engine)
+    if handle is not None:
+        handle.detach()
+
+
+def __getattr__(name: str) -> Any:
+    if name == "GravacCallback":
+        try:
+            from .integration.hf import GravacCallback
+        except ImportError as exc:
+            raise ImportError("ds_gravac.GravacCallback needs transformers and accelerate: "
+                              "pip install ds_gravac[hf]") from exc
+        return GravacCallback
+    raise AttributeError(f"module 'ds_gravac' has no attribute {name!r}")
+
+
+__all__ = ["initialize", "attach", "detach", "get_handle", "register_compressor", "GravacHandle", "Compressor",
+           "CompressorParams", "CompressCtx", "Kind", "Payload", "Section", "TensorPlan", "GravacError",
+           "GravacConfigError", "GravacUnsupportedError", "__version__"]

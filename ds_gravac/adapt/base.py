@@ -1,0 +1,145 @@
+"""Controller contract: a controller only *decides* (architecture.md §5); the synchronizer carries it out.
+
+Decisions are pure functions of agreed values (config, step, learning rate, replicated state, exchanged stats),
+so every rank takes the same branch and launches the same collectives.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import torch
+
+from ..telemetry.stats import MAX_PROBES
+
+BRANCH_CODES = {"dense": 0, "min": 1, "cand": 2}
+
+
+@dataclass(frozen=True)
+class StepDecision:
+    """What step ``step`` sends and measures. Frozen: created once per step at the decision point."""
+
+    step: int
+    branch: str                                   # "dense" | "min" | "cand"
+    send_level: float                             # CF sent by compressible tensors (1.0 for dense)
+    probe_levels: tuple[float, ...] = ()          # gains measured this step, one stats slot each
+    layer_levels: Optional[Mapping[str, float]] = None   # per-tensor overrides (Accordion)
+    deferred: bool = False                        # strict mode: branch chosen after the pre-send exchange
+    forced_dense: bool = False                    # synchronizer-forced dense step (discovery / resume)
+
+    def __post_init__(self) -> None:
+        if self.branch not in BRANCH_CODES:
+            raise ValueError(f"ds_gravac: unknown branch {self.branch!r}")
+        if len(self.probe_levels) > MAX_PROBES:
+            raise ValueError(f"ds_gravac: at most {MAX_PROBES} probe levels per step")
+
+    @property
+    def dense(self) -> bool:
+        return self.branch == "dense"
+
+    def level_for(self, name: str) -> float:
+        if self.branch == "dense":
+            return 1.0
+        if self.layer_levels is not None and name in self.layer_levels:
+            return float(self.layer_levels[name])
+        return float(self.send_level)
+
+
+@dataclass(frozen=True)
+class AgreedStats:
+    """Cross-rank sums of one step's stats vector (identical on every rank)."""
+
+    step: int
+    decision: StepDecision
+    den: float                      # Σ_w ‖g_ef‖² over the model
+    den_raw: float                  # Σ_w ‖g‖² (no residual), for gain_denominator "raw"
+    nums: tuple[float, ...]         # Σ_w ‖C_θ(g_ef)‖² per probe slot (dense-classified tensors count fully)
+    t_iter_prev: float              # mean over ranks of t_iter(step − 1); 0 if unknown
+    t_gain_prev: float              # mean over ranks of the gain-computation time of step − 1
+    values_sent: float
+    bytes_sent: float
+    nonfinite: float
+    world_size: int
+
+
+@dataclass(frozen=True)
+class ControllerContext:
+    """Static facts given to a controller once the bucket plan is frozen."""
+
+    world_size: int
+    samples_per_step: int                         # b = micro batch × gas (per worker)
+    realize_cf: Callable[[float], float]
+    cf_grid: Optional[Sequence[float]]
+    multilevel: str
+    gain_kind: str
+    level_kind: str
+    compressible: tuple[str, ...] = ()            # compressible tensor names in plan order
+    rank: int = 0
+
+
+class Controller:
+    """Base controller: static decisions, no stats needed. Subclasses override what they use."""
+
+    mode: str = "static"
+
+    def __init__(self, config: Any) -> None:
+        self.config = config
+        self.ctx: Optional[ControllerContext] = None
+        self._events: list[dict[str, Any]] = []
+
+    def bind(self, ctx: ControllerContext) -> None:
+        self.ctx = ctx
+
+    # ---- decisions --------------------------------------------------------------------------------
+    def decide(self, step: int, lr: float, force_dense: bool = False) -> StepDecision:
+        raise NotImplementedError
+
+    def resolve(self, decision: StepDecision, stats: AgreedStats) -> StepDecision:
+        """Strict mode: final decision once this step's gains are agreed."""
+        return decision
+
+    def observe(self, stats: AgreedStats) -> None:
+        """Apply one step's agreed stats (pipelined: at the next decision point)."""
+
+    @property
+    def strict(self) -> bool:
+        return False
+
+    # ---- rank-0 decisions (Accordion) -------------------------------------------------------------
+    def collects_gradients(self, step: int) -> bool:
+        """Whether the synchronizer should hand local uncompressed gradients to :meth:`collect` this step."""
+        return False
+
+    def collect(self, name: str, grad: torch.Tensor) -> None:
+        """Local gradient of one compressible tensor (rank-local; used only for rank-0 proposals)."""
+
+    def broadcast_point(self, step: int) -> bool:
+        """Whether ``step``'s decision needs rank 0's proposal broadcast on ch0 before it is made."""
+        return False
+
+    def propose(self, step: int, lr: float) -> torch.Tensor:
+        """Rank 0 only: an int64 tensor of fixed length ``proposal_size()``."""
+        raise NotImplementedError
+
+    def proposal_size(self) -> int:
+        return 1
+
+    def accept(self, step: int, proposal: torch.Tensor) -> None:
+        """Every rank: apply rank 0's broadcast proposal."""
+
+    # ---- telemetry and state ----------------------------------------------------------------------
+    def telemetry(self) -> dict[str, Any]:
+        return {}
+
+    def log_event(self, step: int, kind: str, **fields: Any) -> None:
+        self._events.append({"step": step, "event": kind, **fields})
+
+    def pop_events(self) -> list[dict[str, Any]]:
+        events, self._events = self._events, []
+        return events
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore replicated state exactly."""

@@ -1,0 +1,46 @@
+"""Fixed-level baselines: ``static`` (one CF, EF on) and ``dense`` (bit-identical to DeepSpeed)."""
+from __future__ import annotations
+
+from typing import Any
+
+from .base import Controller, StepDecision
+
+
+class DenseController(Controller):
+    """Every bucket dense, every step."""
+
+    mode = "dense"
+
+    def decide(self, step: int, lr: float, force_dense: bool = False) -> StepDecision:
+        return StepDecision(step=step, branch="dense", send_level=1.0, forced_dense=force_dense)
+
+
+class StaticController(Controller):
+    """One CF for the whole run after ``warmup_steps`` dense steps; the sent level's gain is measured."""
+
+    mode = "static"
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
+        self.level = float(config.cf)
+        self.last_gain = float("nan")
+
+    def bind(self, ctx: Any) -> None:
+        super().bind(ctx)
+        realized = ctx.realize_cf(self.level)
+        if realized != self.level:
+            self.log_event(0, "cf_snapped", requested=self.level, realized=realized)
+        self.level = realized
+
+    def decide(self, step: int, lr: float, force_dense: bool = False) -> StepDecision:
+        if force_dense or step <= self.config.warmup_steps or self.level <= 1.0:
+            return StepDecision(step=step, branch="dense", send_level=1.0, forced_dense=force_dense)
+        probes = (self.level,) if self.config.log_interval else ()
+        return StepDecision(step=step, branch="cand", send_level=self.level, probe_levels=probes)
+
+    def observe(self, stats: Any) -> None:
+        if stats.decision.probe_levels and stats.den > 0:
+            self.last_gain = stats.nums[0] / stats.den
+
+    def telemetry(self) -> dict[str, Any]:
+        return {"gravac/gain_cand_raw": self.last_gain, "gravac/theta_c": self.level}

@@ -1,0 +1,304 @@
+"""The compressor contract (normative text: ``compressors.md`` §1).
+
+A compressor encodes one flat fp32 tensor at a time into *sections* (typed views of a word buffer) whose sizes
+depend only on (numel, level, parameters). Compressors never communicate: the synchronizer owns every
+collective, so all rank-agreement reasoning lives in one place.
+"""
+from __future__ import annotations
+
+import enum
+import hashlib
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Optional, Sequence
+
+import torch
+from pydantic import BaseModel, ConfigDict
+
+MASK64 = (1 << 64) - 1
+
+
+class Kind(str, enum.Enum):
+    """How payloads combine across ranks; selects the collective (synchronization.md §5)."""
+
+    SUMMABLE = "summable"   # payloads add elementwise: all-reduce
+    SPARSE = "sparse"       # fixed-size (idx, val) payloads: all-gather
+    QUANTIZED = "quantized"  # re-encodable quantized payloads: CaSync-PS or all-gather
+
+
+class CompressorParams(BaseModel):
+    """Base of every compressor's parameter model: unknown keys are errors, as in DeepSpeed's sections."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True, validate_assignment=True)
+
+
+@dataclass(frozen=True)
+class Section:
+    """One typed section of a payload; ``count`` elements of ``dtype``, starting on a 32-bit word boundary."""
+
+    name: str
+    dtype: torch.dtype
+    count: int
+
+    @property
+    def words(self) -> int:
+        """32-bit words occupied (fp16/bf16 sections take ``ceil(count/2)``)."""
+        itemsize = torch.empty((), dtype=self.dtype).element_size()
+        return (self.count * itemsize + 3) // 4
+
+
+@dataclass(frozen=True)
+class TensorPlan:
+    """Per-tensor, per-level encoding plan: the knob (``k``) and the static wire layout."""
+
+    numel: int
+    level: float
+    k: int
+    sections: tuple[Section, ...]
+    values_sent: int
+    extra: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def words(self) -> int:
+        return sum(s.words for s in self.sections)
+
+    @property
+    def wire_bytes(self) -> int:
+        return 4 * self.words
+
+    def offset_of(self, name: str) -> int:
+        """Word offset of a section inside this tensor's payload."""
+        off = 0
+        for sec in self.sections:
+            if sec.name == name:
+                return off
+            off += sec.words
+        raise KeyError(name)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return dict(self.extra).get(key, default)
+
+
+class Payload:
+    """Typed section views into a slice of a 4-byte word buffer (int32 or float32)."""
+
+    __slots__ = ("plan", "words", "_views")
+
+    def __init__(self, plan: TensorPlan, words: torch.Tensor) -> None:
+        if words.element_size() != 4 or words.dim() != 1 or words.numel() != plan.words:
+            raise ValueError(f"ds_gravac: payload buffer must be 1-D 4-byte words of length {plan.words}")
+        self.plan = plan
+        self.words = words
+        self._views: dict[str, torch.Tensor] = {}
+        off = 0
+        for sec in plan.sections:
+            chunk = words[off:off + sec.words]
+            view = chunk if chunk.dtype == sec.dtype else chunk.view(sec.dtype)
+            self._views[sec.name] = view[:sec.count]
+            off += sec.words
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._views[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._views
+
+    @classmethod
+    def allocate(cls, plan: TensorPlan, dtype: torch.dtype = torch.int32,
+                 device: torch.device | str = "cpu") -> "Payload":
+        return cls(plan, torch.zeros(plan.words, dtype=dtype, device=device))
+
+
+@dataclass
+class CompressCtx:
+    """What a compressor may know about the tensor it encodes (compressors.md §1)."""
+
+    key: str
+    step: int = 0
+    rank: int = 0
+    world_size: int = 1
+    seed: int = 0
+    residual: Optional[torch.Tensor] = None   # external EF segment (fp32), may alias x
+    param: Optional[torch.Tensor] = None
+    lr: float = 0.0
+    weight_decay: float = 0.0
+    momentum: float = 0.0
+    error_feedback: bool = True
+    shape: tuple[int, ...] = field(default_factory=tuple)
+
+
+def stable_hash(text: str) -> int:
+    """Process-independent 63-bit hash (Python's ``hash`` is salted per process)."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
+
+
+def splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)
+
+
+def mix_seed(*parts: int) -> int:
+    """Combine seed components into one 63-bit generator seed (rule 4: dedicated, reproducible streams)."""
+    h = 0
+    for p in parts:
+        h = splitmix64(h ^ (int(p) & MASK64))
+    return h >> 1
+
+
+def generator(device: torch.device | str, *parts: int) -> torch.Generator:
+    gen = torch.Generator(device=device)
+    gen.manual_seed(mix_seed(*parts))
+    return gen
+
+
+def k_for(theta: float, n: int) -> int:
+    """Sparsifier size ``k(θ, n) = min(n, max(1, ceil(n/θ)))``; θ = 1 keeps everything."""
+    return min(n, max(1, math.ceil(n / float(theta) - 1e-9)))
+
+
+class Compressor:
+    """Base class; subclasses set the class attributes and implement ``plan``/``compress``/``decompress``."""
+
+    name: ClassVar[str] = ""
+    Params: ClassVar[type[CompressorParams]] = CompressorParams
+    kind: ClassVar[Kind] = Kind.SUMMABLE
+    rounds: ClassVar[int] = 1
+    owns_state: ClassVar[bool] = False
+    level_kind: ClassVar[str] = "cf"
+    multilevel: ClassVar[str] = "none"
+    gain_kind: ClassVar[str] = "none"
+    server_reencode: ClassVar[bool] = False
+    owns_optimizer: ClassVar[bool] = False   # DGC: momentum and weight decay move into the compressor
+
+    def __init__(self, params: Optional[CompressorParams] = None) -> None:
+        self.params = params if params is not None else self.Params()
+        self._plans: dict[tuple[int, float], TensorPlan] = {}
+
+    # ---- static properties -------------------------------------------------------------------------
+    def accepts(self, shape: Sequence[int]) -> bool:
+        """Whether a tensor of this shape is compressed at all (rejected ones travel dense)."""
+        return True
+
+    def check_engine(self, engine: Any) -> None:
+        """Optional attach-time check of the engine (e.g. an optimizer constraint)."""
+
+    def cf_grid(self) -> Optional[list[float]]:
+        """``None`` if every θ ≥ 1 is realizable, else the sorted realizable CFs."""
+        return None
+
+    def realize_cf(self, theta: float) -> float:
+        grid = self.cf_grid()
+        if grid is None:
+            return float(theta)
+        for g in grid:
+            if g >= theta:
+                return float(g)
+        return float(grid[-1])
+
+    def plan(self, numel: int, level: float) -> TensorPlan:
+        """Cached wrapper around :meth:`make_plan`."""
+        key = (int(numel), float(level))
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self.make_plan(int(numel), float(level))
+            self._plans[key] = plan
+        return plan
+
+    def make_plan(self, numel: int, level: float) -> TensorPlan:
+        raise NotImplementedError
+
+    def wire_layout(self, plan: TensorPlan) -> list[tuple[str, torch.dtype, int]]:
+        return [(s.name, s.dtype, s.count) for s in plan.sections]
+
+    def values_sent(self, plan: TensorPlan) -> int:
+        return plan.values_sent
+
+    def wire_bytes(self, plan: TensorPlan) -> int:
+        return plan.wire_bytes
+
+    # ---- encode / decode ---------------------------------------------------------------------------
+    def compress(self, x: torch.Tensor, plan: TensorPlan, out: Payload, ctx: CompressCtx,
+                 update_state: bool) -> Optional[torch.Tensor]:
+        """Encode ``x`` into ``out``. Returns the number of real entries (0-d tensor) for sparsifiers.
+
+        With ``update_state`` the error-feedback update for this payload is applied in the same pass
+        (external EF: ``ctx.residual ← x − D(p)``, where ``ctx.residual`` may alias ``x``).
+        """
+        raise NotImplementedError
+
+    def commit(self, x: torch.Tensor, p: Payload, ctx: CompressCtx) -> None:
+        """Apply the state update of ``compress(update_state=True)`` later (strict mode, GraVAC branches)."""
+        if self.owns_state or ctx.residual is None or not ctx.error_feedback:
+            return
+        if ctx.residual.data_ptr() != x.data_ptr():
+            ctx.residual.copy_(x)
+        self.decompress(p, ctx.residual, accumulate=True, scale=-1.0, ctx=ctx)
+
+    def compress_from(self, p1: Payload, x: torch.Tensor, plan2: TensorPlan, out: Payload,
+                      ctx: CompressCtx) -> Optional[torch.Tensor]:
+        """Multi-level second stage (§7): derive the payload at ``plan2`` from stage one. Never mutates."""
+        raise NotImplementedError(f"ds_gravac: compressor '{self.name}' has no multi-level compression")
+
+    def decompress(self, p: Payload, out: torch.Tensor, accumulate: bool, scale: float,
+                   ctx: Optional[CompressCtx] = None) -> None:
+        """``out (+)= scale · D(p)``. ``ctx`` identifies the tensor and step (Random-k regenerates indices)."""
+        raise NotImplementedError
+
+    def sent_sq_norm(self, p: Payload, ctx: Optional[CompressCtx] = None) -> torch.Tensor:
+        """``‖D(p)‖²`` as a 0-d float64 tensor, without a dense decode where possible."""
+        out = torch.zeros(p.plan.numel, dtype=torch.float32, device=p.words.device)
+        self.decompress(p, out, accumulate=False, scale=1.0, ctx=ctx)
+        return out.double().square().sum()
+
+    # ---- memory ------------------------------------------------------------------------------------
+    def effective_cf(self, theta: float, step: int) -> float:
+        """Level actually used at ``step`` (DGC's warm-up caps θ); must depend on agreed values only."""
+        return theta
+
+    def compensate(self, g: torch.Tensor, ctx: CompressCtx) -> torch.Tensor:
+        """``owns_state`` only: the compensated input (e.g. DGC's velocity). Called once per tensor per step."""
+        return g
+
+    def reset(self, ctx: CompressCtx) -> None:
+        """Clear a tensor's own memory (dense step, EF reset, world-size change)."""
+
+    def state_dict(self) -> dict[str, dict[str, Any]]:
+        return {"replicated": {}, "local": {}}
+
+    def load_state_dict(self, state: dict[str, dict[str, Any]], world_size_changed: bool = False) -> None:
+        """Restore; with ``world_size_changed`` local state is dropped (rule 6)."""
+
+
+REQUIRED_ATTRS = ("name", "Params", "kind", "rounds", "owns_state", "level_kind", "multilevel", "gain_kind",
+                  "server_reencode")
+REQUIRED_METHODS = ("make_plan", "compress", "decompress", "accepts", "cf_grid", "realize_cf", "sent_sq_norm",
+                    "compensate", "commit", "reset", "state_dict", "load_state_dict")
+
+
+def check_contract(cls: type) -> None:
+    """Registration-time check that ``cls`` satisfies the contract (architecture.md §7)."""
+    if not isinstance(cls, type) or not issubclass(cls, Compressor):
+        raise TypeError(f"ds_gravac: {cls!r} must subclass ds_gravac.Compressor")
+    for attr in REQUIRED_ATTRS:
+        if not hasattr(cls, attr):
+            raise TypeError(f"ds_gravac: compressor {cls.__name__} lacks class attribute '{attr}'")
+    for meth in REQUIRED_METHODS:
+        if not callable(getattr(cls, meth, None)):
+            raise TypeError(f"ds_gravac: compressor {cls.__name__} lacks method '{meth}'")
+    if cls.make_plan is Compressor.make_plan or cls.compress is Compressor.compress \
+            or cls.decompress is Compressor.decompress:
+        raise TypeError(f"ds_gravac: compressor {cls.__name__} must implement make_plan, compress, decompress")
+    params = cls.Params
+    if not (isinstance(params, type) and issubclass(params, BaseModel)) \
+            or params.model_config.get("extra") != "forbid":
+        raise TypeError(f"ds_gravac: compressor {cls.__name__}.Params must be a pydantic model with extra='forbid'")
+    if not isinstance(cls.kind, Kind):
+        raise TypeError(f"ds_gravac: compressor {cls.__name__}.kind must be a ds_gravac Kind")
+    if cls.level_kind not in ("cf", "rank"):
+        raise TypeError(f"ds_gravac: compressor {cls.__name__}.level_kind must be 'cf' or 'rank'")
+    if cls.multilevel not in ("exact", "distribution", "approx", "none"):
+        raise TypeError(f"ds_gravac: compressor {cls.__name__}.multilevel is invalid")
+    if cls.gain_kind not in ("projection", "unbiased", "none"):
+        raise TypeError(f"ds_gravac: compressor {cls.__name__}.gain_kind is invalid")

@@ -1,0 +1,172 @@
+"""Pydantic models of the top-level ``"gravac"`` section of the DeepSpeed config (architecture.md §9).
+
+Strict like DeepSpeed's own sections: unknown keys are errors, defaults are validated, ``"auto"`` means "not set"
+(Hugging Face configs use it). Every validation problem surfaces as one :class:`GravacConfigError`.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Literal, Mapping, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .compress.base import stable_hash
+from .errors import GravacConfigError
+
+
+class StrictModel(BaseModel):
+    """Mirror of DeepSpeed's ``DeepSpeedConfigModel`` settings."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True, validate_assignment=True,
+                              populate_by_name=True, use_enum_values=True)
+
+
+class CompressorSpec(StrictModel):
+    """``{"type": name, "params": {...}}``; parameters are validated by the compressor at attach."""
+
+    type: str = "topk"
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class AccordionConfig(StrictModel):
+    interval_steps: Optional[int] = Field(None, ge=1)
+    accum_steps: Optional[int] = Field(None, ge=1)
+    eta: float = Field(0.5, gt=0)
+    low_compression: Optional[float] = Field(None, ge=1)
+    high_compression: Optional[float] = Field(None, ge=1)
+    lr_decay_rule: bool = True
+    reset_ef_on_switch: bool = False
+
+    @model_validator(mode="after")
+    def _accum_within_interval(self) -> "AccordionConfig":
+        if self.accum_steps is not None and self.interval_steps is not None \
+                and self.accum_steps > self.interval_steps:
+            raise ValueError(f"accordion.accum_steps ({self.accum_steps}) must be <= "
+                             f"accordion.interval_steps ({self.interval_steps})")
+        if self.low_compression is not None and self.high_compression is not None \
+                and self.high_compression < self.low_compression:
+            raise ValueError(f"accordion.high_compression ({self.high_compression}) must compress at least as "
+                             f"much as accordion.low_compression ({self.low_compression})")
+        return self
+
+
+class CostModelConfig(StrictModel):
+    calibrate: bool = True
+    probe_bytes: list[int] = Field(default_factory=lambda: [16384, 262144, 2097152])
+    probe_repeats: int = Field(3, ge=1, le=20)
+    refit_interval: int = Field(200, ge=0)
+    max_chunks: int = Field(8, ge=1, le=64)
+    margin: float = Field(0.9, gt=0, le=1)
+
+    @field_validator("probe_bytes")
+    @classmethod
+    def _probe_sizes(cls, v: list[int]) -> list[int]:
+        if len(set(v)) < 2 or any(not 1024 <= x <= 67108864 for x in v):
+            raise ValueError("cost_model.probe_bytes needs >= 2 distinct sizes in [1024, 67108864]")
+        return v
+
+
+class TelemetryConfig(StrictModel):
+    timing: bool = True
+    jsonl: Optional[str] = None
+    wandb: bool = True
+
+
+class CheckpointConfig(StrictModel):
+    per_rank_files: bool = True
+    on_world_size_change: Literal["reset", "error"] = "reset"
+
+
+class GravacConfig(StrictModel):
+    # general
+    enabled: bool = True
+    mode: Literal["gravac", "static", "accordion", "dense"] = "gravac"
+    compressor: CompressorSpec = Field(default_factory=CompressorSpec)
+    cf: float = Field(100.0, ge=1)
+    warmup_steps: int = Field(0, ge=0)
+    error_feedback: bool = True
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+    log_interval: int = Field(1, ge=0)
+    # GraVAC controller
+    theta_min: float = Field(10.0, ge=1)
+    theta_max: float = Field(1000.0, gt=1)
+    epsilon: float = Field(0.7, gt=0)
+    omega: float = Field(0.01, ge=0, lt=1)
+    window: int = Field(500, ge=1)
+    scaling_policy: Literal["exponential", "geometric"] = "exponential"
+    step_size: float = Field(2.0, gt=1)
+    ewma_alpha: Optional[float] = Field(None, gt=0, le=1)
+    ewma_alpha_range: tuple[float, float] = (0.01, 0.5)
+    gain_ewma: Literal["ratio_of_ewmas", "ewma_of_ratio"] = "ratio_of_ewmas"
+    gain_denominator: Literal["ef", "raw"] = "ef"
+    decision: Literal["pipelined", "strict"] = "pipelined"
+    decision_source: Literal["allreduce", "rank0"] = "allreduce"
+    stale_policy: Literal["refresh", "keep"] = "refresh"
+    refresh_steps: int = Field(20, ge=0)
+    min_sent_steps: int = Field(10, ge=1)
+    settled_policy: Literal["freeze", "recheck"] = "freeze"
+    agreement_check_interval: int = Field(0, ge=0)
+    accordion: AccordionConfig = Field(default_factory=AccordionConfig)
+    # synchronization
+    bucket_cap_mb: float = Field(25.0, gt=0, le=2048)
+    min_compress_numel: int = Field(0, ge=0)
+    selection: Literal["threshold", "cost_model"] = "threshold"
+    overlap: bool = True
+    bulk: bool = True
+    sparse_fallback: bool = True
+    quantized_exchange: Literal["auto", "ps", "allgather"] = "auto"
+    cost_model: CostModelConfig = Field(default_factory=CostModelConfig)
+    # telemetry and checkpoints
+    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+
+    @field_validator("compressor", mode="before")
+    @classmethod
+    def _bare_compressor_name(cls, v: Any) -> Any:
+        return {"type": v} if isinstance(v, str) else v
+
+    @field_validator("ewma_alpha_range")
+    @classmethod
+    def _alpha_range(cls, v: tuple[float, float]) -> tuple[float, float]:
+        lo, hi = v
+        if not 0 < lo <= hi <= 1:
+            raise ValueError(f"ewma_alpha_range ({lo}, {hi}) must satisfy 0 < lo <= hi <= 1")
+        return v
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> "GravacConfig":
+        if self.theta_min >= self.theta_max:
+            raise ValueError(f"theta_min ({self.theta_min:g}) must be < theta_max ({self.theta_max:g})")
+        if self.window < 2 * self.refresh_steps:
+            raise ValueError(f"window ({self.window}) must be >= 2 * refresh_steps ({self.refresh_steps})")
+        if self.mode == "accordion" and self.accordion.interval_steps is None:
+            raise ValueError("accordion.interval_steps is required when mode is 'accordion'")
+        return self
+
+    def normalized(self) -> dict[str, Any]:
+        """Canonical, JSON-serialisable form used for hashing and checkpoints."""
+        return json.loads(self.model_dump_json())
+
+    def config_hash(self) -> int:
+        return stable_hash(json.dumps(self.normalized(), sort_keys=True))
+
+
+def _drop_auto(value: Any) -> Any:
+    """``"auto"`` means "not set" (DeepSpeed's non-strict mode; HF fills or leaves it)."""
+    if isinstance(value, Mapping):
+        return {k: _drop_auto(v) for k, v in value.items() if not (isinstance(v, str) and v == "auto")}
+    return value
+
+
+def parse_config(section: Union[Mapping[str, Any], GravacConfig, None]) -> GravacConfig:
+    """Validate a ``"gravac"`` section (dict or model); never mutates the caller's dict."""
+    if isinstance(section, GravacConfig):
+        return section
+    if section is None:
+        section = {}
+    if not isinstance(section, Mapping):
+        raise GravacConfigError(f'ds_gravac: the "gravac" section must be an object, got {type(section).__name__}')
+    try:
+        return GravacConfig.model_validate(_drop_auto(dict(section)))
+    except ValidationError as exc:
+        raise GravacConfigError(f'ds_gravac: invalid "gravac" config: {exc}') from None

@@ -1,0 +1,190 @@
+"""``attach``/``detach`` and the :class:`GravacHandle` (architecture.md §7)."""
+from __future__ import annotations
+
+import logging
+from typing import Any, Mapping, Optional, Union
+
+import torch
+from pydantic import ValidationError
+
+from ..adapt import ControllerContext, build_controller
+from ..compress.base import Compressor, Kind, stable_hash
+from ..compress.registry import lookup
+from ..config import GravacConfig, parse_config
+from ..errors import GravacConfigError, GravacUnsupportedError
+from ..sync.collectives import Channels, check_agreement
+from ..sync.dense_path import ReduceRule
+from ..sync.synchronizer import Synchronizer
+from ..telemetry.sinks import JsonlSink
+from .validation import validate_engine
+
+logger = logging.getLogger("ds_gravac")
+HANDLE_ATTR = "_ds_gravac_handle"
+NO_SECTION = ('ds_gravac.initialize: the DeepSpeed config has no "gravac" section; add one (an empty object '
+              'selects the defaults) or call deepspeed.initialize')
+
+
+def _version() -> str:
+    from .. import __version__
+    return __version__
+
+
+def build_compressor(config: GravacConfig) -> Compressor:
+    """Look up the compressor and validate its parameters (after plug-ins registered)."""
+    cls = lookup(config.compressor.type)
+    try:
+        params = cls.Params.model_validate(config.compressor.params)
+    except ValidationError as exc:
+        raise GravacConfigError(f"ds_gravac: invalid parameters for compressor '{config.compressor.type}': "
+                                f"{exc}") from None
+    comp = cls(params)
+    if comp.kind == Kind.QUANTIZED or comp.rounds > 1:
+        raise GravacUnsupportedError(f"ds_gravac: compressor '{config.compressor.type}' needs the "
+                                     f"{'CaSync-PS' if comp.kind == Kind.QUANTIZED else 'two-round'} exchange, "
+                                     f"which this version does not provide yet")
+    return comp
+
+
+class GravacHandle:
+    """One per engine: owns the synchronizer, compressor, controller and telemetry."""
+
+    def __init__(self, engine: Any, config: GravacConfig, section: Mapping[str, Any]) -> None:
+        self.engine = engine
+        self.config = config
+        self.section = dict(section)
+        self.active = False
+        self.compressor: Optional[Compressor] = None
+        self.controller: Any = None
+        self.sync: Optional[Synchronizer] = None
+        self._sink: Optional[JsonlSink] = None
+
+    # ---- lifecycle --------------------------------------------------------------------------------------
+    def _activate(self, bucket_order: Optional[list[int]] = None) -> None:
+        import deepspeed.comm as dist
+        eng, cfg = self.engine, self.config
+        comp = build_compressor(cfg)
+        comp.check_engine(eng)
+        world, rank = dist.get_world_size(), dist.get_rank()
+        agree = stable_hash(repr((self.config.config_hash(), f"{type(comp).__module__}.{type(comp).__qualname__}",
+                                  _version(), world)))
+        check_agreement(agree, None, "the 'gravac' config differs across ranks")
+        self.compressor = comp
+        self.channels = Channels.create()
+        self.controller = build_controller(cfg)
+        rule = ReduceRule.from_engine(eng, world)
+        if cfg.telemetry.jsonl and ("{rank}" in cfg.telemetry.jsonl or rank == 0):
+            self._sink = JsonlSink(cfg.telemetry.jsonl.replace("{rank}", str(rank)))
+        self.sync = Synchronizer(eng, cfg, comp, self.controller, self.channels, rule, bucket_order,
+                                 on_record=self._on_record)
+        compressible = tuple(m.name for m in self.sync.members if m.compressible)
+        if comp.owns_optimizer:
+            self._move_optimizer_into_compressor(compressible)
+        self.controller.bind(ControllerContext(
+            world_size=world, samples_per_step=int(eng.train_micro_batch_size_per_gpu()
+                                                   * eng.gradient_accumulation_steps()),
+            realize_cf=comp.realize_cf, cf_grid=comp.cf_grid(), multilevel=comp.multilevel,
+            gain_kind=comp.gain_kind, level_kind=comp.level_kind, compressible=compressible, rank=rank))
+        eng.enable_backward_allreduce = False
+        self.active = True
+        logger.info("ds_gravac: attached (mode=%s, compressor=%s, %d buckets provisional, %d/%d tensors "
+                    "compressible)", cfg.mode, cfg.compressor.type, self.sync.plan.num_buckets,
+                    len(compressible), len(self.sync.members))
+
+    def _move_optimizer_into_compressor(self, compressible: tuple[str, ...]) -> None:
+        """DGC owns momentum and weight decay (synchronization.md §3): all tensors compressed, SGD plain."""
+        dense = [m.name for m in self.sync.members if not m.compressible]
+        if dense:
+            raise GravacConfigError(f"ds_gravac: compressor '{self.config.compressor.type}' applies momentum "
+                                    f"itself, so every tensor must be compressed; set min_compress_numel to 0 "
+                                    f"(dense: {', '.join(dense[:5])}{'...' if len(dense) > 5 else ''})")
+        opt = getattr(self.engine, "basic_optimizer", None) or self.engine.optimizer
+        for group in opt.param_groups:
+            for key in ("momentum", "weight_decay"):
+                if key in group:
+                    group[key] = 0.0
+        logger.info("ds_gravac: optimizer momentum and weight_decay set to 0; '%s' applies them",
+                    self.config.compressor.type)
+
+    def _on_record(self, rec: dict[str, Any]) -> None:
+        if self._sink is not None and self.config.log_interval and rec["step"] % self.config.log_interval == 0:
+            self._sink.write(rec)
+
+    def detach(self) -> None:
+        """Wait for in-flight work, remove hooks, give gradient averaging back to DeepSpeed."""
+        if self.active and self.sync is not None:
+            nonzero = any(cb.residual is not None and bool(cb.residual.any())
+                          for cb in self.sync.cbuckets.values())
+            self.sync.close()
+            if nonzero:
+                logger.warning("ds_gravac: detach drops non-zero error-feedback residuals")
+            self.engine.enable_backward_allreduce = True
+        if self._sink is not None:
+            self._sink.close()
+        self.active = False
+        if getattr(self.engine, HANDLE_ATTR, None) is self:
+            delattr(self.engine, HANDLE_ATTR)
+
+    # ---- metrics ----------------------------------------------------------------------------------------
+    def last_stats(self) -> dict[str, Any]:
+        return dict(self.sync.last_record) if self.sync is not None else {}
+
+    def pop_stats(self) -> list[dict[str, Any]]:
+        return self.sync.pop_records() if self.sync is not None else []
+
+    def pop_events(self) -> list[dict[str, Any]]:
+        return self.controller.pop_events() if self.controller is not None else []
+
+    # ---- state ------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        from .checkpoint import handle_state
+        return handle_state(self)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        from .checkpoint import load_handle_state
+        load_handle_state(self, state)
+
+    def save_checkpoint(self, save_dir: str, tag: Optional[str] = None, client_state: Optional[dict] = None,
+                        **ds_kwargs: Any) -> Any:
+        from .checkpoint import save_checkpoint
+        return save_checkpoint(self, save_dir, tag, client_state, **ds_kwargs)
+
+    def load_checkpoint(self, load_dir: str, tag: Optional[str] = None, **ds_kwargs: Any) -> Any:
+        from .checkpoint import load_checkpoint
+        return load_checkpoint(self, load_dir, tag, **ds_kwargs)
+
+
+def _resolve_section(engine: Any, config: Union[Mapping[str, Any], GravacConfig, None]) -> Mapping[str, Any]:
+    if config is not None:
+        return config.normalized() if isinstance(config, GravacConfig) else config
+    ds_cfg = getattr(engine, "config", None)
+    section = ds_cfg.get("gravac") if isinstance(ds_cfg, Mapping) else None
+    if section is None:
+        raise GravacConfigError(NO_SECTION)
+    return section
+
+
+def attach(engine: Any, config: Union[Mapping[str, Any], GravacConfig, None] = None) -> GravacHandle:
+    """Take over the engine's gradient averaging. Collective: every rank calls it between optimizer steps."""
+    existing = getattr(engine, HANDLE_ATTR, None)
+    if existing is not None:
+        if config is not None and parse_config(_resolve_section(engine, config)).config_hash() \
+                != existing.config.config_hash():
+            raise GravacConfigError("ds_gravac: engine already attached with a different 'gravac' config; "
+                                    "call handle.detach() first")
+        return existing
+    section = _resolve_section(engine, config)
+    cfg = parse_config(section)
+    handle = GravacHandle(engine, cfg, section)
+    if cfg.enabled:
+        validate_engine(engine)
+        if not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1:
+            build_compressor(cfg)   # still report config errors
+            logger.warning("ds_gravac: world size 1: nothing to communicate; ds_gravac stays passive")
+        else:
+            handle._activate()
+    setattr(engine, HANDLE_ATTR, handle)
+    return handle
+
+
+def get_handle(engine: Any) -> Optional[GravacHandle]:
+    return getattr(engine, HANDLE_ATTR, None)

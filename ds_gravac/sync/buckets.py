@@ -1,0 +1,113 @@
+"""Tensor fusion: which gradients travel together, in one order every rank shares (synchronization.md §3)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from ..compress.base import stable_hash
+from ..errors import GravacConfigError
+
+INT32_LIMIT = 2**31
+
+
+@dataclass
+class Member:
+    """One parameter's place in the plan."""
+
+    index: int                 # position in registration order (engine.module.named_parameters)
+    name: str
+    param: torch.Tensor
+    compressible: bool
+    bucket: int = -1
+    offset: int = 0            # element offset inside its bucket
+
+    @property
+    def numel(self) -> int:
+        return self.param.numel()
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.param.dtype
+
+
+@dataclass
+class Bucket:
+    """Members fused into one collective; ``compressible`` buckets hold only compressible members."""
+
+    index: int
+    compressible: bool
+    dtype: torch.dtype
+    members: list[Member] = field(default_factory=list)
+    numel: int = 0
+
+    def add(self, member: Member) -> None:
+        member.bucket = self.index
+        member.offset = self.numel
+        self.members.append(member)
+        self.numel += member.numel
+
+
+def classify(named_params: Sequence[tuple[str, torch.Tensor]], accepts: Callable[[tuple[int, ...]], bool],
+             min_compress_numel: int, compress_enabled: bool) -> list[Member]:
+    """Static classification (compressible or dense) of every trainable parameter, in registration order."""
+    members = []
+    for i, (name, p) in enumerate(named_params):
+        if p.numel() >= INT32_LIMIT:
+            raise GravacConfigError(f"ds_gravac: parameter '{name}' has {p.numel()} elements; tensors must have "
+                                    f"fewer than 2^31 (int32 indices)")
+        compressible = compress_enabled and p.numel() >= max(1, min_compress_numel) and accepts(tuple(p.shape))
+        members.append(Member(index=i, name=name, param=p, compressible=compressible))
+    return members
+
+
+class BucketPlan:
+    """Buckets built by walking tensors in backward order, filling each stream's open bucket up to the cap."""
+
+    def __init__(self, members: Sequence[Member], order: Sequence[int], cap_elems: int, *, frozen: bool,
+                 compressor_type: str) -> None:
+        if sorted(order) != list(range(len(members))):
+            raise ValueError("ds_gravac: bucket order must be a permutation of the parameter indices")
+        self.members = list(members)
+        self.order = list(order)
+        self.cap_elems = int(cap_elems)
+        self.frozen = frozen
+        self.compressor_type = compressor_type
+        self.buckets: list[Bucket] = []
+        open_buckets: dict[tuple[bool, torch.dtype], Bucket] = {}
+        for idx in self.order:
+            m = self.members[idx]
+            stream = (m.compressible, m.dtype)
+            b = open_buckets.get(stream)
+            if b is None or (b.numel > 0 and b.numel + m.numel > self.cap_elems):
+                b = Bucket(index=len(self.buckets), compressible=m.compressible, dtype=m.dtype)
+                self.buckets.append(b)
+                open_buckets[stream] = b
+            b.add(m)
+            if b.numel >= self.cap_elems:
+                del open_buckets[stream]
+
+    @property
+    def num_buckets(self) -> int:
+        return len(self.buckets)
+
+    def layout_signature(self) -> int:
+        """Hash of everything that fixes payload sizes; equal on every rank for the same frozen plan."""
+        parts = [self.compressor_type, str(self.cap_elems)]
+        for b in self.buckets:
+            for m in b.members:
+                parts.append(f"{b.index}:{m.name}:{tuple(m.param.shape)}:{m.dtype}:{int(m.compressible)}")
+        return stable_hash("|".join(parts))
+
+    @staticmethod
+    def provisional_order(num_members: int) -> list[int]:
+        """Reverse registration order: a good first guess of backward order (as DDP assumes)."""
+        return list(range(num_members - 1, -1, -1))
+
+    @staticmethod
+    def complete_order(ready_order: Sequence[int], num_members: int) -> list[int]:
+        """Observed readiness order, then never-ready parameters in reverse registration order."""
+        seen = set(ready_order)
+        rest = [i for i in range(num_members - 1, -1, -1) if i not in seen]
+        return list(ready_order) + rest

@@ -1,0 +1,23 @@
+"""ds_gravac: gradient compression (GraVAC, Accordion, static) for DeepSpeed data-parallel training."""
+from setuptools import find_packages, setup
+
+setup(
+    name="ds_gravac",
+    version="0.1.0",
+    description="Compressed gradient synchronization for DeepSpeed: GraVAC adaptive compression, Accordion, "
+                "static Top-k/DGC/RedSync/SIDCo/Random-k",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["ds_gravac", "ds_gravac.*"]),
+    python_requires=">=3.11",
+    # Ranges, not pins: users keep their own CUDA builds of torch. constraints.txt pins the tested set.
+    install_requires=["torch>=2.3", "deepspeed>=0.19.8,<0.20", "pydantic>=2", "tqdm"],
+    extras_require={
+        "hf": ["transformers>=5", "accelerate>=1.1"],
+        "wandb": ["wandb>=0.31"],
+        "bench": ["matplotlib", "torchvision"],
+        "test": ["pytest", "hypothesis"],
+    },
+    entry_points={"ds_gravac.compressors": []},
+    classifiers=["Programming Language :: Python :: 3.11", "Topic :: Scientific/Engineering :: Artificial Intelligence"],
+)

@@ -1,0 +1,75 @@
+"""Real multi-process gloo groups for tests: torch.multiprocessing (spawn) with a TCP rendezvous on 127.0.0.1.
+
+Each rank initialises ``deepspeed.comm`` exactly as the ``deepspeed`` launcher's children do (RANK, WORLD_SIZE,
+LOCAL_RANK, MASTER_ADDR/PORT in the environment), runs ``fn(rank, world_size, *args)`` and returns its result
+(picklable) to the parent. A rank that raises makes ``run_ranks`` raise with that rank's traceback.
+"""
+from __future__ import annotations
+
+import io
+import os
+import socket
+import traceback
+from typing import Any, Callable
+
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank: int, world_size: int, port: int, fn: Callable[..., Any], args: tuple, queue: Any) -> None:
+    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
+                       "LOCAL_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                       "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"})
+    try:
+        import torch
+        torch.set_num_threads(1)
+        import deepspeed
+        deepspeed.init_distributed(dist_backend="gloo", verbose=False)
+        result = fn(rank, world_size, *args)
+        buf = io.BytesIO()
+        torch.save(result, buf)   # bytes, not shared-memory handles: the rank may exit before the parent reads
+        queue.put((rank, "ok", buf.getvalue()))
+    except BaseException:  # report every failure to the parent instead of hanging it
+        queue.put((rank, "error", traceback.format_exc()))
+    finally:
+        try:
+            import torch.distributed as dist
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        except Exception:
+            pass
+
+
+def run_ranks(fn: Callable[..., Any], world_size: int = 2, *args: Any, timeout: float = 240.0) -> list[Any]:
+    """Run ``fn`` on ``world_size`` gloo ranks; returns results ordered by rank."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_entry, args=(r, world_size, port, fn, args, queue), daemon=True)
+             for r in range(world_size)]
+    for p in procs:
+        p.start()
+    results: dict[int, Any] = {}
+    errors: list[str] = []
+    try:
+        for _ in range(world_size):
+            rank, status, payload = queue.get(timeout=timeout)
+            if status == "ok":
+                import torch
+                results[rank] = torch.load(io.BytesIO(payload), weights_only=False)
+            else:
+                errors.append(f"rank {rank}:\n{payload}")
+                break
+    finally:
+        for p in procs:
+            p.join(timeout=5 if not errors else 1)
+            if p.is_alive():
+                p.kill()
+    if errors:
+        raise RuntimeError("\n".join(errors))
+    return [results[r] for r in range(world_size)]
