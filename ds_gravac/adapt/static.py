@@ -33,7 +33,7 @@ class StaticController(Controller):
         self.level = realized
 
     def decide(self, step: int, lr: float, force_dense: bool = False) -> StepDecision:
-        if force_dense or step <= self.config.warmup_steps or self.level <= 1.0:
+        if force_dense or step <= self.config.warmup_steps:
             return StepDecision(step=step, branch="dense", send_level=1.0, forced_dense=force_dense)
         probes = (self.level,) if self.config.log_interval else ()
         return StepDecision(step=step, branch="cand", send_level=self.level, probe_levels=probes)

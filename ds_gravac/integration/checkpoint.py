@@ -32,7 +32,7 @@ def handle_state(handle: Any) -> dict[str, Any]:
                   "bucket_order": list(sync.plan.order) if sync.plan.frozen else None,
                   "layout_signature": sync.plan.layout_signature(), "step": int(handle.engine.global_steps),
                   "config_hash": handle.config.config_hash(), "compressor": comp_state.get("replicated", {}),
-                  "compressor_type": handle.config.compressor.type}
+                  "compressor_type": handle.config.compressor.type, "world_size": sync.world_size}
     residuals = {b: cb.residual.clone() for b, cb in sync.cbuckets.items() if cb.residual is not None}
     local = {"format": FORMAT, "rank": sync.rank, "world_size": sync.world_size,
              "layout_signature": replicated["layout_signature"], "residuals": residuals,
@@ -52,9 +52,9 @@ def load_handle_state(handle: Any, state: Mapping[str, Any]) -> None:
         sync._build_plan([int(i) for i in order], frozen=True)
     if rep.get("controller") is not None:
         handle.controller.load_state_dict(rep["controller"])
-    world_changed = bool(local) and int(local.get("world_size", sync.world_size)) != sync.world_size
+    old = local.get("world_size", rep.get("world_size", sync.world_size))
+    world_changed = int(old) != sync.world_size
     if world_changed:
-        old = local.get("world_size")
         if handle.config.checkpoint.on_world_size_change == "error":
             raise GravacError(f"ds_gravac: checkpoint was written with world_size={old}, now {sync.world_size} "
                               f"(checkpoint.on_world_size_change is 'error')")

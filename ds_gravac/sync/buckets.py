@@ -87,6 +87,14 @@ class BucketPlan:
             b.add(m)
             if b.numel >= self.cap_elems:
                 del open_buckets[stream]
+        # Plan order = completion order: a bucket launches when its *last* member is ready, so a bucket that stays
+        # open while later tensors join it (e.g. the small-tensor stream) must not block the buckets behind it.
+        position = {idx: pos for pos, idx in enumerate(self.order)}
+        self.buckets.sort(key=lambda bk: max(position[m.index] for m in bk.members))
+        for new_index, bk in enumerate(self.buckets):
+            bk.index = new_index
+            for m in bk.members:
+                m.bucket = new_index
 
     @property
     def num_buckets(self) -> int:

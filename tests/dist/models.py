@@ -54,11 +54,11 @@ def batch(rank: int, step: int, micro: int = 8, seed: int = 1) -> tuple[torch.Te
     return x, y
 
 
-def train(engine: Any, rank: int, steps: int, gas: int = 1, micro: int = 8, dtype: Optional[torch.dtype] = None
-          ) -> list[float]:
-    """DeepSpeed-style loop: backward and step() after every micro-batch."""
+def train(engine: Any, rank: int, steps: int, gas: int = 1, micro: int = 8, dtype: Optional[torch.dtype] = None,
+          start: int = 0) -> list[float]:
+    """DeepSpeed-style loop: backward and step() after every micro-batch; ``start`` continues a data stream."""
     losses = []
-    for s in range(steps):
+    for s in range(start, start + steps):
         for mb in range(gas):
             x, y = batch(rank, s * gas + mb, micro)
             if dtype is not None:

@@ -62,11 +62,12 @@ def _attach_errors(rank: int, world: int) -> dict:
     for name, build in (("pipeline", M.make_pipeline_module), ("moe", M.make_moe_model)):
         model = build()
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=M.ds_config())
+        before = engine.enable_backward_allreduce   # PipelineEngine keeps its own reduction: False already
         try:
             ds_gravac.attach(engine, {"mode": "static"})
             out[name] = ("no error", None)
         except ds_gravac.GravacUnsupportedError as exc:
-            out[name] = (str(exc), engine.enable_backward_allreduce)
+            out[name] = (str(exc), engine.enable_backward_allreduce == before)
     for name, (section, _) in CONFIG_CASES.items():
         model = M.make_model()
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=M.ds_config())

@@ -1,0 +1,146 @@
+"""``randomk``: shared uniformly random coordinates, values only, summable (compressors.md §3.3).
+
+The index set comes from a *shared* stream (no rank), so every rank picks the same coordinates and the
+values can be all-reduced. Indices are never sent: they are regenerated from ``(seed, step, key, k)``.
+
+Construction: S(k) is the first k distinct values of an i.i.d. uniform stream over ``[0, n)`` (drawn in
+blocks of a fixed size schedule), which is a uniformly random k-subset in a uniformly random order. Once
+``n//2`` distinct values are found, the remaining indices follow in a shared random permutation, so the
+order is a uniform permutation of ``[0, n)`` and S(k2) is the length-k2 prefix of S(k1). Multi-level stage
+2 therefore takes a uniform k2-subset of S from the same shared randomness, and its payload decodes from
+``(key, step, k2)`` alone — a derived payload and a direct one at k2 are identical.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Literal, Optional
+
+import torch
+
+from . import sparse_select as sel
+from .base import CompressCtx, Compressor, CompressorParams, Kind, Payload, Section, TensorPlan, generator, \
+    k_for, stable_hash
+from .registry import register_compressor
+
+Tensor = torch.Tensor
+STREAM_RANDOMK = 0x726E_646B          # shared: i.i.d. draws
+STREAM_RANDOMK_TAIL = 0x726E_6474     # shared: permutation of the second half
+FIRST_BLOCK = 1024
+
+
+def _first_distinct(draws: Tensor) -> Tensor:
+    """Distinct values of ``draws`` in order of first appearance."""
+    order = torch.sort(draws, stable=True)
+    sv, perm = order.values, order.indices
+    first = torch.ones_like(sv, dtype=torch.bool)
+    first[1:] = sv[1:] != sv[:-1]
+    pos = perm[first].sort().values            # draw positions of first occurrences, in draw order
+    return draws.index_select(0, pos)
+
+
+def random_order(n: int, k: int, seed: int, step: int, key_hash: int, device: torch.device) -> Tensor:
+    """First k entries of the shared random order of ``[0, n)`` (int64); prefixes are nested across k."""
+    k = min(k, n)
+    half = min(k, n // 2)
+    gen = generator(device, seed, step, key_hash, STREAM_RANDOMK)
+    blocks: list[Tensor] = []
+    head = torch.empty(0, dtype=torch.long, device=device)
+    size = FIRST_BLOCK
+    target = n // 2 if k > n // 2 else half
+    while head.numel() < target:
+        blocks.append(torch.randint(n, (size,), generator=gen, device=device))
+        head = _first_distinct(torch.cat(blocks) if len(blocks) > 1 else blocks[0])
+        size *= 2
+    head = head[:target]
+    if k <= target:
+        return head[:k]
+    taken = torch.zeros(n, dtype=torch.bool, device=device)
+    taken[head] = True
+    rest = sel.flatnonzero(~taken).to(device)
+    tail_gen = generator(device, seed, step, key_hash, STREAM_RANDOMK_TAIL)
+    tail = rest.index_select(0, torch.randperm(rest.numel(), generator=tail_gen, device=device))
+    return torch.cat([head, tail[:k - target]])
+
+
+class RandomKParams(CompressorParams):
+    value_dtype: Literal["fp32"] = "fp32"   # the payload is all-reduced as float32 words
+    rescale: bool = False
+
+
+@register_compressor("randomk")
+class RandomK(Compressor):
+    """Values of a shared random k-subset; ``rescale`` multiplies by n/k (unbiased, meant for EF off)."""
+
+    Params = RandomKParams
+    kind = Kind.SUMMABLE
+    multilevel = "distribution"
+    gain_kind = "projection"
+
+    def __init__(self, params: Optional[RandomKParams] = None) -> None:
+        super().__init__(params)
+        if self.params.rescale:
+            self.gain_kind = "unbiased"   # E[δ] = θ when rescaled
+        self._hashes: dict[str, int] = {}
+        self._cache: dict[str, tuple[tuple[int, int, int], Tensor]] = {}
+        self._warned = False
+
+    def make_plan(self, numel: int, level: float) -> TensorPlan:
+        k = k_for(level, numel)
+        return TensorPlan(numel, level, k, (Section("val", torch.float32, k),), values_sent=k)
+
+    def indices(self, numel: int, plan: TensorPlan, ctx: CompressCtx) -> Tensor:
+        """The shared index set S (int64, length k, in the shared random order); cached per (key, step)."""
+        device = ctx.param.device if ctx.param is not None else torch.device("cpu")
+        tag = (ctx.seed, ctx.step, numel)
+        hit = self._cache.get(ctx.key)
+        if hit is not None and hit[0] == tag and hit[1].numel() >= plan.k:
+            return hit[1][:plan.k]
+        h = self._hashes.get(ctx.key)
+        if h is None:
+            h = self._hashes[ctx.key] = stable_hash(ctx.key)
+        order = random_order(numel, plan.k, ctx.seed, ctx.step, h, device)
+        self._cache[ctx.key] = (tag, order)
+        return order
+
+    def _encode(self, x: Tensor, plan: TensorPlan, out: Payload, ctx: CompressCtx) -> Tensor:
+        x = x.reshape(-1)
+        idx = self.indices(x.numel(), plan, ctx).to(x.device)
+        val = out["val"]
+        if x.dtype == val.dtype:
+            torch.index_select(x, 0, idx, out=val)
+        else:
+            val.copy_(x.index_select(0, idx))
+        if self.params.rescale:
+            val.mul_(x.numel() / plan.k)
+        return torch.tensor(plan.k)
+
+    def compress(self, x: Tensor, plan: TensorPlan, out: Payload, ctx: CompressCtx,
+                 update_state: bool) -> Optional[Tensor]:
+        if self.params.rescale and ctx.error_feedback and not self._warned:
+            self._warned = True
+            warnings.warn("ds_gravac: randomk with rescale=true and error feedback on; rescale is meant for "
+                          "error-feedback-off runs", stacklevel=2)
+        m = self._encode(x, plan, out, ctx)
+        if update_state:
+            self.commit(x.reshape(-1), out, ctx)
+        return m
+
+    def compress_from(self, p1: Payload, x: Tensor, plan2: TensorPlan, out: Payload,
+                      ctx: CompressCtx) -> Optional[Tensor]:
+        """Stage 2: the first k2 of stage 1's shared order — a uniform k2-subset of S (see module doc)."""
+        k2 = k_for(plan2.level, plan2.numel)
+        assert k2 <= p1.plan.k, f"ds_gravac: multi-level needs k2 <= k1 (k2={k2}, k1={p1.plan.k})"
+        return self._encode(x, plan2, out, ctx)
+
+    def decompress(self, p: Payload, out: Tensor, accumulate: bool, scale: float,
+                   ctx: Optional[CompressCtx] = None) -> None:
+        if ctx is None:
+            raise ValueError("ds_gravac: randomk.decompress needs ctx (indices are regenerated, not sent)")
+        if not accumulate:
+            out.zero_()
+        idx = self.indices(p.plan.numel, p.plan, ctx).to(out.device)
+        val = p["val"]
+        out.index_add_(0, idx, val if val.dtype == out.dtype else val.to(out.dtype), alpha=scale)
+
+    def sent_sq_norm(self, p: Payload, ctx: Optional[CompressCtx] = None) -> Tensor:
+        return p["val"].double().square().sum()
