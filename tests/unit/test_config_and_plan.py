@@ -61,7 +61,9 @@ def test_capacity_streams_and_oversize() -> None:
     members = _members([100, 100, 5, 300, 100, 7], min_numel=50)
     plan = BucketPlan(members, list(range(6)), cap_elems=250, frozen=True, compressor_type="topk")
     layout = [(b.compressible, [m.name for m in b.members]) for b in plan.buckets]
-    assert layout == [(True, ["p0", "p1"]), (False, ["p2", "p5"]), (True, ["p3"]), (True, ["p4"])]
+    # plan order = completion order (last member's position): the open small-tensor bucket goes last
+    assert layout == [(True, ["p0", "p1"]), (True, ["p3"]), (True, ["p4"]), (False, ["p2", "p5"])]
+    assert [b.index for b in plan.buckets] == [0, 1, 2, 3]
     assert all(m.offset + m.numel <= plan.buckets[m.bucket].numel for m in members)
 
 
