@@ -17,8 +17,8 @@ import torch
 from pydantic import Field, field_validator
 
 from . import sparse_select as sel
-from .base import (CompressCtx, Compressor, CompressorParams, Kind, Payload, Section, TensorPlan, generator,
-                   k_for, stable_hash)
+from .base import (CompressCtx, Compressor, CompressorParams, Kind, Payload, Section, TensorPlan, k_for,
+                   mix_seed, stable_hash)
 from .registry import register_compressor
 
 Tensor = torch.Tensor
@@ -48,6 +48,7 @@ class SparseCompressor(Compressor):
     def __init__(self, params: Optional[CompressorParams] = None) -> None:
         super().__init__(params)
         self._hashes: dict[str, int] = {}
+        self._gens: dict[tuple[str, int], torch.Generator] = {}
         self.last_candidates: dict[str, int] = {}   # pre-trim candidate count per key (threshold selectors)
 
     # ---- layout ------------------------------------------------------------------------------------
@@ -68,8 +69,17 @@ class SparseCompressor(Compressor):
         return h
 
     def rank_generator(self, x: Tensor, ctx: CompressCtx, stream: int) -> torch.Generator:
-        """Rank-local stream (threshold sampling): differs per rank, reproducible per (seed, step, key)."""
-        return generator(x.device, ctx.seed, ctx.step, self.key_hash(ctx.key), stream, ctx.rank)
+        """Rank-local stream (threshold sampling): differs per rank, reproducible per (seed, step, key).
+
+        One generator object per (device, stream) is re-seeded per call (construction costs ~10 µs);
+        callers use it immediately and never hold it across another request for the same stream.
+        """
+        slot = (str(x.device), stream)
+        gen = self._gens.get(slot)
+        if gen is None:
+            gen = self._gens[slot] = torch.Generator(device=x.device)
+        gen.manual_seed(mix_seed(ctx.seed, ctx.step, self.key_hash(ctx.key), stream, ctx.rank))
+        return gen
 
     # ---- encode ------------------------------------------------------------------------------------
     def select(self, x: Tensor, plan: TensorPlan, ctx: CompressCtx) -> Tensor:
@@ -80,14 +90,14 @@ class SparseCompressor(Compressor):
         """(indices, values or None); selectors that already hold the values skip a second gather."""
         return self.select(x, plan, ctx), None
 
-    def capacity(self, x: Tensor, cand: Tensor, k: int, ctx: CompressCtx, key: str) -> Tensor:
+    def capacity(self, x: Tensor, cand: Tensor, k: int, key: str) -> Tensor:
         """Fixed capacity (§3.1): keep the k largest |x| among the candidates, or all of them if fewer."""
         self.last_candidates[key] = cand.numel()
         return cand if cand.numel() <= k else sel.gather(cand, sel.topk_among(sel.gather(x, cand).abs(), k))
 
     def compress(self, x: Tensor, plan: TensorPlan, out: Payload, ctx: CompressCtx,
                  update_state: bool) -> Optional[Tensor]:
-        x = x.reshape(-1)
+        x = x.detach().reshape(-1)
         idx, vals = self.select_entries(x, plan, ctx)
         m = sel.write_entries(out["idx"], out["val"], idx, sel.gather(x, idx) if vals is None else vals)
         if update_state:
@@ -182,7 +192,7 @@ class RedSync(SparseCompressor):
         return sel.candidates(a, thr, strict=True)
 
     def select(self, x: Tensor, plan: TensorPlan, ctx: CompressCtx) -> Tensor:
-        return self.capacity(x, self._search(x.abs(), plan.k), plan.k, ctx, ctx.key)
+        return self.capacity(x, self._search(x.abs(), plan.k), plan.k, ctx.key)
 
     def select_stage2(self, a1: Tensor, k2: int, plan2: TensorPlan, x: Tensor, ctx: CompressCtx) -> Tensor:
         return trim(a1, self._search(a1, k2), k2)
@@ -217,7 +227,7 @@ class SIDCo(SparseCompressor):
     def select(self, x: Tensor, plan: TensorPlan, ctx: CompressCtx) -> Tensor:
         a = x.abs()
         thr = sel.sidco_threshold(a, self.ratios(plan.level))
-        return self.capacity(x, sel.candidates(a, thr, strict=True), plan.k, ctx, ctx.key)
+        return self.capacity(x, sel.candidates(a, thr, strict=True), plan.k, ctx.key)
 
     def select_stage2(self, a1: Tensor, k2: int, plan2: TensorPlan, x: Tensor, ctx: CompressCtx) -> Tensor:
         q = k2 / a1.numel()   # further stages on stage 1's exceedances, product of ratios = k2/m1
@@ -239,8 +249,8 @@ class Threshold(SparseCompressor):
     static_only = True   # not usable with mode "gravac": its level does not steer the selection
 
     def select(self, x: Tensor, plan: TensorPlan, ctx: CompressCtx) -> Tensor:
-        cand = sel.candidates(x, self.params.tau, strict=True, fraction=plan.k / max(1, x.numel()))
-        return self.capacity(x, cand, plan.k, ctx, ctx.key)
+        cand = sel.candidates(x, self.params.tau, strict=True)
+        return self.capacity(x, cand, plan.k, ctx.key)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -259,8 +269,8 @@ class GradDrop(SparseCompressor):
         s = max(1, math.ceil(self.params.sample_ratio * n))
         r = min(s, max(1, math.ceil(s / plan.level)))
         thr = sel.largest_at(sel.sample_abs(x, s, self.rank_generator(x, ctx, STREAM_GRADDROP_SAMPLE)), r)
-        cand = sel.candidates(x, thr, fraction=r / s)
-        return self.capacity(x, cand, plan.k, ctx, ctx.key)
+        cand = sel.candidates(x, thr)
+        return self.capacity(x, cand, plan.k, ctx.key)
 
     def select_stage2(self, a1: Tensor, k2: int, plan2: TensorPlan, x: Tensor, ctx: CompressCtx) -> Tensor:
         return self.sampled_stage2(a1, k2, self.params.sample_ratio, x, ctx)

@@ -157,17 +157,20 @@ class DGC(SparseCompressor):
             return sel.topk_among(x.abs(), k)
         a = x.abs()
         s = max(1, math.ceil(p.sample_ratio * n))
-        pos = torch.randint(n, (s,), generator=self.rank_generator(x, ctx, STREAM_DGC_SAMPLE), device=x.device)
-        thr, _, used = sel.dgc_threshold(a, k, a.index_select(0, pos), p.adapt_up, p.adapt_down,
-                                         p.max_adapt_iters)
+        if s >= n:   # sampling everything: the exact k-th value, no replacement noise
+            sample = a
+        else:
+            gen = self.rank_generator(x, ctx, STREAM_DGC_SAMPLE)
+            sample = a.index_select(0, torch.randint(n, (s,), generator=gen, device=x.device))
+        thr, _, used = sel.dgc_threshold(a, k, sample, p.adapt_up, p.adapt_down, p.max_adapt_iters)
         self.last_adapt_iters[ctx.key] = used
-        cand = sel.candidates(a, thr, fraction=min(1.0, 1.5 * k / n))
+        cand = sel.candidates(a, thr)
         self.last_candidates[ctx.key] = cand.numel()
         return trim(a, cand, k)
 
     def compress(self, x: Tensor, plan: TensorPlan, out: Payload, ctx: CompressCtx,
                  update_state: bool) -> Optional[Tensor]:
-        x = x.reshape(-1)
+        x = x.detach().reshape(-1)
         idx = self.select(x, plan, ctx)
         m = sel.write_entries(out["idx"], out["val"], idx, sel.gather(x, idx))
         if update_state:
