@@ -184,7 +184,7 @@ class RedSync(SparseCompressor):
         if level < 4 and not getattr(self, "_warned_low_cf", False):
             self._warned_low_cf = True
             warnings.warn(f"ds_gravac: redsync at CF {level:g} < 4 pads most payloads (its search never goes "
-                          "below the mean magnitude)", stacklevel=2)
+                          "below the mean magnitude)", stacklevel=3)
         return super().make_plan(numel, level)
 
     def _search(self, a: Tensor, k: int) -> Tensor:
@@ -226,14 +226,14 @@ class SIDCo(SparseCompressor):
 
     def select(self, x: Tensor, plan: TensorPlan, ctx: CompressCtx) -> Tensor:
         a = x.abs()
-        thr = sel.sidco_threshold(a, self.ratios(plan.level))
+        thr = sel.sidco_threshold(a, self.ratios(plan.level), plan.k)
         return self.capacity(x, sel.candidates(a, thr, strict=True), plan.k, ctx.key)
 
     def select_stage2(self, a1: Tensor, k2: int, plan2: TensorPlan, x: Tensor, ctx: CompressCtx) -> Tensor:
         q = k2 / a1.numel()   # further stages on stage 1's exceedances, product of ratios = k2/m1
         stages = max(1, math.ceil(math.log(q) / math.log(self.params.stage_ratio) - 1e-12))
         ratios = [self.params.stage_ratio] * (stages - 1) + [q / self.params.stage_ratio ** (stages - 1)]
-        return trim(a1, sel.candidates(a1, sel.sidco_threshold(a1, ratios, m0_first=None), strict=True), k2)
+        return trim(a1, sel.candidates(a1, sel.sidco_threshold(a1, ratios, k2, m0_first=None), strict=True), k2)
 
 
 # ---------------------------------------------------------------------------------------------------------

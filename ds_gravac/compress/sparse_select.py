@@ -304,15 +304,19 @@ def exceedances(a: Tensor, thr: float) -> Tensor:
     return a[a > thr]
 
 
-def sidco_threshold(a: Tensor, ratios: list[float], m0_first: Optional[float] = 0.0) -> float:
-    """Multi-stage exponential thresholds: stage 1 fits all of ``a``, later stages only the exceedances."""
+def sidco_threshold(a: Tensor, ratios: list[float], cap: int, m0_first: Optional[float] = 0.0) -> float:
+    """Multi-stage exponential thresholds: stage 1 fits all of ``a``, later stages only the exceedances.
+
+    Stages stop once the exceedances fit the capacity ``cap``: a further fit could only drop entries
+    the payload has room for (e.g. a single non-zero would otherwise always fall below its own fit).
+    """
     if a.numel() == 0:
         return 0.0
     thr = exp_tail(a, ratios[0], m0_first)
     exceed = a
     for q in ratios[1:]:
         exceed = exceedances(exceed, thr)
-        if exceed.numel() == 0:
+        if exceed.numel() <= cap:
             break
         thr = exp_tail(exceed, q)
     return thr
