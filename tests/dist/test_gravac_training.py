@@ -13,6 +13,7 @@ STEPS = 400
 def _training_job(rank: int, world: int) -> dict:
     return {"dense": G.run(rank, {"mode": "dense", "bucket_cap_mb": 0.05}, STEPS),
             "gravac": G.run(rank, G.GRAVAC, STEPS),
+            "strict": G.run(rank, {**G.GRAVAC, "decision": "strict"}, 90),
             "scaled": G.run(rank, G.GRAVAC, 60, grad_scale=1.0 if rank == 0 else 50.0, lr=0.002),
             "accordion": G.run(rank, {"mode": "accordion", "compressor": "topk", "bucket_cap_mb": 0.05,
                                       "min_compress_numel": 1000, "accordion": {"interval_steps": 20}}, 80)}
@@ -28,7 +29,7 @@ def _seq(result: dict) -> list:
 
 
 def test_all_ranks_take_identical_branches(trained: list) -> None:
-    for run in ("gravac", "scaled", "accordion"):
+    for run in ("gravac", "strict", "scaled", "accordion"):
         assert _seq(trained[0][run]) == _seq(trained[1][run]), run
         assert len(_seq(trained[0][run])) == len(trained[0][run]["losses"])
 
@@ -54,6 +55,12 @@ def test_bytes_fall_and_loss_matches_dense(trained: list) -> None:
     tail = lambda losses: sum(losses[-30:]) / 30   # noqa: E731
     assert tail(dense["losses"]) < 0.7 * tail(dense["losses"][:30]), "the task must be learnable"
     assert abs(tail(gv["losses"]) - tail(dense["losses"])) <= 0.05 * tail(dense["losses"])
+
+
+def test_strict_decision_runs_and_sends_several_levels(trained: list) -> None:
+    res = trained[0]["strict"]
+    assert {r["branch"] for r in res["records"]} >= {"dense", "cand"}
+    assert len({r["cf_sent"] for r in res["records"] if r["branch"] != "dense"}) >= 2
 
 
 def test_per_rank_gradient_scales_do_not_hang(trained: list) -> None:
