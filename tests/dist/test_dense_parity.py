@@ -44,3 +44,40 @@ def test_dense_and_none_bitwise_equal_to_deepspeed(bf16: bool) -> None:
     for key in results[0]["dense"]["params"]:
         assert torch.equal(results[0]["dense"]["params"][key], results[1]["dense"]["params"][key])
     assert not torch.equal(init["out.weight"], results[0]["dense"]["params"]["out.weight"])
+
+
+def _knobs_job(rank: int, world: int) -> dict:
+    """DeepSpeed's reduction knobs and no_sync, each compared with DeepSpeed's own path on the same pattern."""
+    import deepspeed
+    from torch import nn
+
+    import ds_gravac
+    cases = {"prescale": {"prescale_gradients": True}, "predivide": {"gradient_predivide_factor": 4.0},
+             "sum": {"gradient_allreduce_op": "sum"}, "comm_bf16": {"communication_data_type": "bf16"},
+             "no_sync": {}}
+    out = {}
+    for case, extra in cases.items():
+        for system in ("deepspeed", "gravac"):
+            model = M.make_model(seed=0)
+            gravac = None if system == "deepspeed" else {"mode": "dense", "bucket_cap_mb": 0.02}
+            cfg = M.ds_config(gravac, lr=0.01, **extra)
+            init = deepspeed.initialize if gravac is None else ds_gravac.initialize
+            engine, *_ = init(model=model, model_parameters=model.parameters(), config=cfg)
+            for step in range(3):
+                if case == "no_sync":
+                    with engine.no_sync():
+                        x, y = M.batch(rank, 100 + step)
+                        engine.backward(nn.functional.cross_entropy(engine(x), y))
+                x, y = M.batch(rank, step)
+                engine.backward(nn.functional.cross_entropy(engine(x), y))
+                engine.step()
+            out[(case, system)] = M.params_of(engine)
+    return out
+
+
+def test_reduction_knobs_and_no_sync_bitwise_equal_to_deepspeed() -> None:
+    for res in run_ranks(_knobs_job, 2):
+        for case in ("prescale", "predivide", "sum", "comm_bf16", "no_sync"):
+            ref, got = res[(case, "deepspeed")], res[(case, "gravac")]
+            for key in ref:
+                assert torch.equal(ref[key], got[key]), f"{case}: {key}"

@@ -1,0 +1,432 @@
+"""Emulated multi-node cluster on one machine: network namespaces joined by a bridge, tbf-shaped links (benchmarks.md §2).
+
+    python -m runners.emulated_cluster up --ranks 2 --rate 100mbit [--delay 0.5ms] [--tag 0] [--outdir DIR]
+    python -m runners.emulated_cluster status | measure | down      [--tag 0] [--outdir DIR]
+    python -m runners.emulated_cluster run --rank 0 -- python -c "print('hello from gvc0-r0')"
+
+Python API: ``with EmulatedCluster(ranks=2, rate="100mbit", tag=7, outdir=d) as c: c.launch_deepspeed(...)``.
+Rank i lives in namespace ``gvc<T>-r<i>`` with interface ``eth0`` = 10.77.<T>.<i+1>/24, pinned to one core.
+"""
+from __future__ import annotations
+
+import argparse
+import atexit
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make `runners` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from runners import netns  # noqa: E402
+from runners.netns import ClusterError  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
+DEFAULT_OUTDIR = Path(os.environ.get("GVC_OUTDIR", "/tmp/ds_gravac_cluster"))
+DEFAULT_SIZES = [16 * 1024 * 4**k for k in range(7)]           # 16 KiB ... 64 MiB
+OPS = ("all_reduce", "all_gather", "all_to_all")
+
+
+@dataclass
+class RankResult:
+    """Outcome of one rank's process: return code (None = killed at the timeout) and its output files."""
+    rank: int
+    returncode: int | None
+    stdout: Path
+    stderr: Path
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    def text(self) -> str:
+        return self.stdout.read_text(errors="replace") + self.stderr.read_text(errors="replace")
+
+
+class EmulatedCluster:
+    """N rank namespaces on a hub bridge, each port shaped to ``rate`` both ways; a context manager that tears down."""
+
+    def __init__(self, ranks: int = 2, rate: str = "100mbit", delay: str = "0", tag: int = 0,
+                 outdir: str | Path = DEFAULT_OUTDIR, cores: list[int] | None = None):
+        self.ranks, self.rate, self.delay = ranks, rate, delay
+        self.tag = netns.check_tag(tag)
+        self.outdir = Path(outdir)
+        self.cores = cores or sorted(os.sched_getaffinity(0))
+        self.state = netns.StateFile(self.outdir, tag)
+        self._launches = 0
+        self._saved_handlers: dict[int, object] = {}
+
+    # -- names --------------------------------------------------------------------------------------------------
+    @property
+    def hub(self) -> str:
+        return f"{netns.prefix(self.tag)}hub"
+
+    def ns(self, rank: int) -> str:
+        return f"{netns.prefix(self.tag)}r{rank}"
+
+    def addr(self, rank: int) -> str:
+        return f"10.77.{self.tag}.{rank + 1}"
+
+    @property
+    def master_addr(self) -> str:
+        return self.addr(0)
+
+    @property
+    def hostfile(self) -> Path:
+        return self.outdir / f"gvc{self.tag}.hostfile"
+
+    @property
+    def oversubscribed(self) -> bool:
+        return self.ranks > len(self.cores)
+
+    def core(self, rank: int) -> int:
+        return self.cores[rank % len(self.cores)]
+
+    # -- lifecycle ----------------------------------------------------------------------------------------------
+    def up(self) -> "EmulatedCluster":
+        """Create the namespaces, bridge, links and qdiscs; refuses if any ``gvc<T>-`` namespace exists."""
+        netns.check_prereqs()
+        if self.ranks < 1 or self.ranks > 250:
+            raise ClusterError(f"ranks must be in 1..250, got {self.ranks}")
+        netns.parse_rate(self.rate)
+        netns.parse_delay(self.delay)
+        stale = netns.owned_existing(self.tag)
+        if stale:
+            raise ClusterError(f"namespaces {stale} already exist (stale setup?); remove them with "
+                               f"`python -m runners.emulated_cluster down --tag {self.tag} --outdir <its outdir>`")
+        self.state.reset()
+        self.state.record_meta({"ranks": self.ranks, "rate": self.rate, "delay": self.delay, "cores": self.cores})
+        try:
+            self._build()
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def _build(self) -> None:
+        netns.add_netns(self.state, self.hub)
+        netns.sh("ip", "-n", self.hub, "link", "add", "br0", "type", "bridge", "stp_state", "0", "forward_delay", "0")
+        netns.sh("ip", "-n", self.hub, "link", "set", "br0", "up")
+        for i in range(self.ranks):
+            rank_ns, port = self.ns(i), f"p{i}"
+            netns.add_netns(self.state, rank_ns)
+            netns.sh("ip", "-n", self.hub, "link", "add", port, "mtu", "1500", "type", "veth",
+                     "peer", "name", "eth0", "netns", rank_ns, "mtu", "1500")
+            netns.sh("ip", "-n", self.hub, "link", "set", port, "master", "br0", "up")
+            netns.sh("ip", "-n", rank_ns, "addr", "add", f"{self.addr(i)}/24", "dev", "eth0")
+            netns.sh("ip", "-n", rank_ns, "link", "set", "eth0", "up")
+            netns.shape(rank_ns, "eth0", self.rate, self.delay)      # upload
+            netns.shape(self.hub, port, self.rate, self.delay)       # download
+        self.hostfile.write_text("".join(f"node{i} slots=1\n" for i in range(self.ranks)))
+        self.logdir.mkdir(parents=True, exist_ok=True)
+
+    def down(self) -> list[str]:
+        """Stop recorded processes and delete recorded namespaces (idempotent; signals held off meanwhile)."""
+        main = threading.current_thread() is threading.main_thread()
+        if main:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        try:
+            return netns.teardown(self.state)
+        finally:
+            if main:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+
+    def __enter__(self) -> "EmulatedCluster":
+        atexit.register(self.down)
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._saved_handlers[sig] = signal.signal(sig, _raise_on_signal)
+        try:
+            return self.up()
+        except BaseException:
+            self._restore()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.down()
+        finally:
+            self._restore()
+
+    def _restore(self) -> None:
+        atexit.unregister(self.down)
+        for sig, handler in self._saved_handlers.items():
+            signal.signal(sig, handler)
+        self._saved_handlers.clear()
+
+    @classmethod
+    def attach(cls, tag: int = 0, outdir: str | Path = DEFAULT_OUTDIR) -> "EmulatedCluster":
+        """The cluster an earlier ``up`` (e.g. from the CLI) left running, read from its state file."""
+        meta = netns.StateFile(outdir, tag).meta()
+        if meta is None:
+            raise ClusterError(f"no cluster state for tag {tag} in {outdir}; run `up` first")
+        cluster = cls(meta["ranks"], meta["rate"], meta["delay"], tag, outdir, meta["cores"])
+        missing = set(cluster.state.netns()) - set(netns.list_netns())
+        if missing:
+            raise ClusterError(f"namespaces {sorted(missing)} are gone; run `down` then `up` again")
+        return cluster
+
+    # -- processes ----------------------------------------------------------------------------------------------
+    @property
+    def logdir(self) -> Path:
+        return self.outdir / f"gvc{self.tag}-logs"
+
+    def rank_env(self) -> dict[str, str]:
+        """Environment of every rank (benchmarks.md §2, deepspeed.md §8)."""
+        return {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "GLOO_SOCKET_IFNAME": "eth0",
+                "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1",
+                "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+
+    def wrap(self, rank: int, cmd: list[str]) -> list[str]:
+        """``ip netns exec gvc<T>-r<i> taskset -c <core> env K=V ... <cmd>``."""
+        env = [f"{k}={v}" for k, v in self.rank_env().items()]
+        return ["ip", "netns", "exec", self.ns(rank), "taskset", "-c", str(self.core(rank)), "env", *env, *cmd]
+
+    def spawn(self, rank: int, cmd: list[str], stdout: object = None, stderr: object = None) -> subprocess.Popen:
+        """Start ``cmd`` in rank's namespace in its own session; its PID (= process group) goes to the state file."""
+        if not 0 <= rank < self.ranks:
+            raise ClusterError(f"rank {rank} out of range 0..{self.ranks - 1}")
+        proc = subprocess.Popen(self.wrap(rank, cmd), cwd=ROOT, stdout=stdout, stderr=stderr,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        self.state.record_pid(proc.pid)
+        return proc
+
+    def run_all(self, cmds: list[list[str]], name: str, timeout: float = 600.0, grace: float = 10.0
+                ) -> list[RankResult]:
+        """Run ``cmds[i]`` on rank i, outputs to ``<logdir>/<name>-r<i>.{out,err}``; wait up to ``timeout`` s.
+
+        When a rank fails, the others get ``grace`` seconds to finish (they usually hang on a dead peer) and are
+        then stopped; at the timeout every rank still running is stopped and reported with returncode None.
+        """
+        self.logdir.mkdir(parents=True, exist_ok=True)
+        procs, results = [], []
+        for rank, cmd in enumerate(cmds):
+            out, err = self.logdir / f"{name}-r{rank}.out", self.logdir / f"{name}-r{rank}.err"
+            with open(out, "wb") as fo, open(err, "wb") as fe:
+                procs.append(self.spawn(rank, cmd, fo, fe))
+            results.append(RankResult(rank, None, out, err))
+        deadline = time.monotonic() + timeout
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            if any(p.poll() not in (None, 0) for p in procs):
+                deadline = min(deadline, time.monotonic() + grace)
+            time.sleep(0.2)
+        for proc, result in zip(procs, results):
+            if proc.poll() is None:
+                netns.stop_group(proc.pid, netns.proc_starttime(proc.pid))
+                proc.wait()
+            else:
+                result.returncode = proc.returncode
+        return results
+
+    def _next_name(self, kind: str) -> str:
+        self._launches += 1
+        return f"{kind}{self._launches}"
+
+    def launch_deepspeed(self, script: str, args: list[str] = (), port: int = 29500, timeout: float = 600.0
+                         ) -> list[RankResult]:
+        """``deepspeed --hostfile H --no_ssh --node_rank i --master_addr 10.77.<T>.1 ...`` in every namespace."""
+        cmds = [[str(VENV_BIN / "deepspeed"), "--hostfile", str(self.hostfile), "--no_ssh", "--node_rank", str(i),
+                 "--master_addr", self.master_addr, "--master_port", str(port), script, *args]
+                for i in range(self.ranks)]
+        return self.run_all(cmds, self._next_name("deepspeed"), timeout)
+
+    def launch_torchrun(self, script: str, args: list[str] = (), port: int = 29500, timeout: float = 600.0
+                        ) -> list[RankResult]:
+        """``torchrun --nnodes N --node_rank i --nproc_per_node 1 --master_addr ...`` in every namespace."""
+        cmds = [[str(VENV_BIN / "torchrun"), "--nnodes", str(self.ranks), "--node_rank", str(i),
+                 "--nproc_per_node", "1", "--master_addr", self.master_addr, "--master_port", str(port),
+                 script, *args] for i in range(self.ranks)]
+        return self.run_all(cmds, self._next_name("torchrun"), timeout)
+
+    def tx_bytes(self, rank: int) -> int:
+        """Bytes rank's ``eth0`` has transmitted (ground truth incl. TCP/IP overhead), read inside its namespace."""
+        out = netns.sh("ip", "netns", "exec", self.ns(rank), "cat", "/sys/class/net/eth0/statistics/tx_bytes")
+        return int(out.stdout.strip())
+
+    def measure(self, sizes: list[int] = DEFAULT_SIZES, ops: tuple[str, ...] = OPS, port: int = 29600,
+                max_repeats: int = 8, timeout: float = 900.0) -> dict:
+        """Time gloo collectives between all ranks; per-size Mbit/s and ``t = A + B·bytes`` fits per op."""
+        worker = [str(VENV_BIN / "python"), "-m", "runners.emulated_cluster", "_measure_worker",
+                  "--world", str(self.ranks), "--master", self.master_addr, "--port", str(port),
+                  "--sizes", ",".join(map(str, sizes)), "--ops", ",".join(ops), "--max-repeats", str(max_repeats)]
+        results = self.run_all([worker + ["--rank", str(i)] for i in range(self.ranks)],
+                               self._next_name("measure"), timeout)
+        failed = [r for r in results if not r.ok]
+        if failed:
+            raise ClusterError(f"measure failed on rank {failed[0].rank}: {failed[0].text()[-2000:]}")
+        report = json.loads(results[0].stdout.read_text().strip().splitlines()[-1])
+        report.update(ranks=self.ranks, rate=self.rate, delay=self.delay, rate_mbit=netns.parse_rate(self.rate) / 1e6,
+                      oversubscribed=self.oversubscribed)
+        return report
+
+    def status(self) -> dict:
+        """Configuration, existing namespaces, eth0 qdiscs and tx_bytes per rank."""
+        alive = set(netns.list_netns())
+        ranks = [{"rank": i, "netns": self.ns(i), "addr": self.addr(i), "core": self.core(i),
+                  "qdisc": netns.sh("tc", "-n", self.ns(i), "qdisc", "show", "dev", "eth0").stdout.strip(),
+                  "tx_bytes": self.tx_bytes(i)} for i in range(self.ranks) if self.ns(i) in alive]
+        return {"tag": self.tag, "ranks": self.ranks, "rate": self.rate, "delay": self.delay,
+                "oversubscribed": self.oversubscribed, "hostfile": str(self.hostfile),
+                "state_file": str(self.state.path), "hub_up": self.hub in alive, "rank_info": ranks}
+
+
+def _raise_on_signal(signum: int, frame: object) -> None:
+    """SIGINT/SIGTERM unwind the stack so ``__exit__`` tears the cluster down."""
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise SystemExit(128 + signum)
+
+
+# -- measurement worker (runs inside a namespace) -----------------------------------------------------------------
+def wire_factor(op: str, world: int) -> float:
+    """Bytes each rank sends per byte of its input tensor: ring all-reduce 2(N-1)/N, all-gather N-1, all-to-all (N-1)/N."""
+    return {"all_reduce": 2 * (world - 1) / world, "all_gather": world - 1.0, "all_to_all": (world - 1) / world}[op]
+
+
+def fit_line(xs: list[float], ts: list[float]) -> tuple[float, float]:
+    """``t = A + B·x`` minimising the *relative* squared error (weights 1/t²), so small sizes fix A."""
+    w = [1 / t**2 for t in ts]
+    sw, sx, st = sum(w), sum(wi * x for wi, x in zip(w, xs)), sum(wi * t for wi, t in zip(w, ts))
+    sxx, sxt = sum(wi * x * x for wi, x in zip(w, xs)), sum(wi * x * t for wi, x, t in zip(w, xs, ts))
+    det = sw * sxx - sx * sx
+    if len(xs) < 2 or det == 0:
+        return 0.0, ts[0] / xs[0]
+    b = (sw * sxt - sx * st) / det
+    return (st - b * sx) / sw, b
+
+
+def _collective(op: str, size: int, world: int):
+    import torch
+    import torch.distributed as dist
+    n = max(world, size // 4 // world * world)                       # float32 elements, divisible by world
+    x = torch.ones(n)
+    if op == "all_reduce":
+        return lambda: dist.all_reduce(x)
+    if op == "all_gather":
+        outs = [torch.empty(n) for _ in range(world)]
+        return lambda: dist.all_gather(outs, x)
+    out = torch.empty(n)
+    return lambda: dist.all_to_all_single(out, x)
+
+
+def measure_worker(rank: int, world: int, master: str, port: int, sizes: list[int], ops: list[str],
+                   max_repeats: int) -> None:
+    """Median time per op and size (each after a barrier); rank 0 prints one JSON line."""
+    import torch
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://{master}:{port}", rank=rank, world_size=world)
+    report: dict = {"sizes": sizes, "ops": {}}
+    for op in ops:
+        _collective(op, sizes[0], world)()                            # warm-up: connections, allocator
+        seconds = []
+        for size in sizes:
+            fn, times = _collective(op, size, world), []
+            for _ in range(max(1, min(max_repeats, (16 << 20) // size))):
+                dist.barrier()
+                t0 = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t0)
+            seconds.append(statistics.median(times))
+        factor = wire_factor(op, world)
+        a, b = fit_line([float(s) for s in sizes], seconds)
+        report["ops"][op] = {"seconds": seconds, "mbit_s": [factor * s * 8 / t / 1e6 for s, t in zip(sizes, seconds)],
+                             "fit": {"A_s": a, "B_s_per_byte": b, "mbit_s": factor * 8 / b / 1e6 if b > 0 else None}}
+    dist.barrier()
+    dist.destroy_process_group()
+    if rank == 0:
+        print(json.dumps(report))
+
+
+# -- CLI ----------------------------------------------------------------------------------------------------------
+def parse_sizes(text: str) -> list[int]:
+    """``"16KiB,1MiB,4096"`` -> bytes."""
+    units = {"kib": 1024, "mib": 1024**2, "gib": 1024**3, "b": 1, "": 1}
+    out = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        num = item.rstrip("KMGiBkmgb")
+        out.append(int(float(num) * units[item[len(num):].lower()]))
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    cmds = {name: sub.add_parser(name) for name in ("up", "status", "down", "run", "measure")}
+    for p in cmds.values():
+        p.add_argument("--tag", type=int, default=0)
+        p.add_argument("--outdir", default=str(DEFAULT_OUTDIR))
+    cmds["up"].add_argument("--ranks", type=int, required=True)
+    cmds["up"].add_argument("--rate", required=True, help="tbf rate per port and direction, e.g. 100mbit, 1gbit")
+    cmds["up"].add_argument("--delay", default="0", help="netem delay on every port end (needs sch_netem)")
+    cmds["run"].add_argument("--rank", type=int, required=True)
+    cmds["run"].add_argument("cmd", nargs=argparse.REMAINDER, help="-- command ...")
+    cmds["measure"].add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)), help="e.g. 16KiB,1MiB,64MiB")
+    cmds["measure"].add_argument("--ops", default=",".join(OPS))
+    cmds["measure"].add_argument("--port", type=int, default=29600)
+    cmds["measure"].add_argument("--max-repeats", type=int, default=8)
+    worker = sub.add_parser("_measure_worker")
+    for flag in ("--rank", "--world", "--port", "--max-repeats"):
+        worker.add_argument(flag, type=int, required=True)
+    for flag in ("--master", "--sizes", "--ops"):
+        worker.add_argument(flag, required=True)
+    return parser
+
+
+def cli_run(cluster: EmulatedCluster, rank: int, cmd: list[str]) -> int:
+    """Run one command in a rank's namespace in the foreground; Ctrl-C/SIGTERM stop it by its recorded PID."""
+    cmd = cmd[1:] if cmd[:1] == ["--"] else cmd
+    if not cmd:
+        raise ClusterError("nothing to run: use `run --rank i -- <cmd>`")
+    signal.signal(signal.SIGTERM, _raise_on_signal)
+    proc = cluster.spawn(rank, cmd)
+    try:
+        return proc.wait()
+    except (KeyboardInterrupt, SystemExit):
+        netns.stop_group(proc.pid, netns.proc_starttime(proc.pid))
+        proc.wait()
+        return 130
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "_measure_worker":
+        measure_worker(args.rank, args.world, args.master, args.port, parse_sizes(args.sizes),
+                       args.ops.split(","), args.max_repeats)
+        return 0
+    try:
+        if args.command == "up":
+            cluster = EmulatedCluster(args.ranks, args.rate, args.delay, args.tag, args.outdir).up()
+            print(json.dumps(cluster.status(), indent=2))
+        elif args.command == "down":
+            netns.check_prereqs()
+            deleted = netns.teardown(netns.StateFile(args.outdir, args.tag))
+            left = netns.owned_existing(args.tag)
+            print(f"deleted {deleted}" + (f"; NOT ours per {args.outdir}, left alone: {left}" if left else ""))
+        elif args.command == "status":
+            print(json.dumps(EmulatedCluster.attach(args.tag, args.outdir).status(), indent=2))
+        elif args.command == "run":
+            return cli_run(EmulatedCluster.attach(args.tag, args.outdir), args.rank, args.cmd)
+        elif args.command == "measure":
+            cluster = EmulatedCluster.attach(args.tag, args.outdir)
+            report = cluster.measure(parse_sizes(args.sizes), tuple(args.ops.split(",")), args.port,
+                                     args.max_repeats)
+            (cluster.outdir / f"gvc{cluster.tag}-measure.json").write_text(json.dumps(report, indent=2))
+            print(json.dumps(report, indent=2))
+    except ClusterError as err:
+        print(f"emulated_cluster: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,314 @@
+"""The four training systems behind one small interface, so the loop in :mod:`runners.loop` never branches on
+which one runs (benchmarks.md §3: same model init, data order and optimizer for every system).
+
+* ``gravac``       – ``ds_gravac.initialize`` on the config (its ``"gravac"`` section drives compression);
+* ``deepspeed``    – plain ``deepspeed.initialize`` on the same config without the ``"gravac"`` section;
+* ``ddp``          – torch DDP (gloo on CPU, 25 MB buckets), optimizer and LR schedule built from the config;
+* ``ddp_powersgd`` – the same plus torch's ``powerSGD_hook`` (rank 4, start at iteration 10).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+from typing import Any, ContextManager, Optional
+
+import torch
+from torch import nn
+
+from .common import DistInfo, RunnerError, without_gravac
+
+DDP_BUCKET_CAP_MB = 25
+POWERSGD = dict(matrix_approximation_rank=4, start_powerSGD_iter=10, min_compression_rate=2,
+                use_error_feedback=True, warm_start=True, orthogonalization_epsilon=1e-8, random_seed=0)
+DEEPSPEED_CLIP_DEFAULT = 1.0     # GRADIENT_CLIPPING_DEFAULT in DeepSpeed 0.19.8 (deepspeed.md §4)
+
+
+def dense_ring_bytes(module: nn.Module, world_size: int) -> float:
+    """Logical bytes one rank sends in a ring all-reduce of all fp32 gradients (synchronization.md §10)."""
+    numel = sum(p.numel() for p in module.parameters() if p.requires_grad)
+    return 2.0 * (world_size - 1) / world_size * 4 * numel
+
+
+class System:
+    """What the loop needs from a training system. Checkpoints return DeepSpeed's ``(load_path, client_state)``."""
+
+    name = "base"
+    module: nn.Module
+    device: torch.device
+
+    def forward(self, *inputs: Any) -> Any:
+        raise NotImplementedError
+
+    def backward(self, loss: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def step(self) -> None:
+        raise NotImplementedError
+
+    def sync_context(self) -> ContextManager[Any]:
+        """Wraps forward+backward of one micro-batch (DDP needs ``no_sync`` off the accumulation boundary)."""
+        return contextlib.nullcontext()
+
+    @property
+    def global_steps(self) -> int:
+        raise NotImplementedError
+
+    def lr(self) -> float:
+        raise NotImplementedError
+
+    def gradient_clipping(self) -> float:
+        raise NotImplementedError
+
+    def pop_records(self) -> list[dict[str, Any]]:
+        """ds_gravac's per-step records since the last call (empty for the other systems)."""
+        return []
+
+    def pop_events(self) -> list[dict[str, Any]]:
+        return []
+
+    def dense_bytes(self) -> Optional[float]:
+        """Bytes per step per rank for systems that all-reduce everything dense (None if not dense)."""
+        return None
+
+    def save(self, save_dir: str, tag: str, client_state: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def load(self, load_dir: str) -> tuple[Optional[str], dict[str, Any]]:
+        raise NotImplementedError
+
+    def local_state(self) -> dict[str, Any]:
+        """Per-rank state outside the system's own checkpoint (DDP PowerSGD error memory)."""
+        return {}
+
+    def load_local_state(self, state: dict[str, Any]) -> None:
+        pass
+
+    def set_train(self, mode: bool) -> None:
+        self.module.train(mode)
+
+
+class EngineSystem(System):
+    """A DeepSpeed engine, with or without ds_gravac attached."""
+
+    def __init__(self, name: str, engine: Any, handle: Any, world_size: int) -> None:
+        self.name, self.engine, self.handle = name, engine, handle
+        self.module, self.device = engine.module, engine.device
+        self._dense = None if handle is not None else dense_ring_bytes(engine.module, world_size)
+
+    def forward(self, *inputs: Any) -> Any:
+        return self.engine(*inputs)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss)
+
+    def step(self) -> None:
+        self.engine.step()
+
+    @property
+    def global_steps(self) -> int:
+        return int(self.engine.global_steps)
+
+    def lr(self) -> float:
+        return float(self.engine.get_lr()[0])
+
+    def gradient_clipping(self) -> float:
+        return float(self.engine.gradient_clipping())
+
+    def pop_records(self) -> list[dict[str, Any]]:
+        return self.handle.pop_stats() if self.handle is not None else []
+
+    def pop_events(self) -> list[dict[str, Any]]:
+        return self.handle.pop_events() if self.handle is not None else []
+
+    def dense_bytes(self) -> Optional[float]:
+        return self._dense
+
+    def save(self, save_dir: str, tag: str, client_state: dict[str, Any]) -> None:
+        # plain engine.save_checkpoint would lose ds_gravac's per-rank residuals (deepspeed.md §7)
+        target = self.handle if self.handle is not None else self.engine
+        target.save_checkpoint(save_dir, tag=tag, client_state=client_state)
+
+    def load(self, load_dir: str) -> tuple[Optional[str], dict[str, Any]]:
+        target = self.handle if self.handle is not None else self.engine
+        load_path, client_state = target.load_checkpoint(load_dir)
+        return load_path, dict(client_state or {})
+
+    def set_train(self, mode: bool) -> None:
+        self.engine.train(mode)
+
+
+class DDPSystem(System):
+    """torch DDP with DeepSpeed's semantics for what the config controls: loss divided by the accumulation
+    steps, clipping at ``gradient_clipping`` (default 1.0 as in DeepSpeed), scheduler stepped per optimizer step."""
+
+    def __init__(self, name: str, model: nn.Module, cfg: dict[str, Any], dist: DistInfo, powersgd: bool) -> None:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        from .common import device
+
+        self.name, self.device = name, device()
+        self.module = model.to(self.device)
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        self.ddp = DDP(self.module, device_ids=ids, bucket_cap_mb=DDP_BUCKET_CAP_MB)
+        self.optimizer = build_optimizer(cfg, self.module.parameters())
+        self.scheduler = build_scheduler(cfg, self.optimizer)
+        self.gas = int(cfg.get("gradient_accumulation_steps", 1))
+        self.clip = float(cfg.get("gradient_clipping", DEEPSPEED_CLIP_DEFAULT))
+        self._global_steps, self.micro_steps = 0, 0
+        self._dense = None if powersgd else dense_ring_bytes(self.module, dist.world_size)
+        self.hook_state = self._register_powersgd() if powersgd else None
+
+    def _register_powersgd(self) -> Any:
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ps
+
+        state = ps.PowerSGDState(process_group=None, **POWERSGD)
+        self.ddp.register_comm_hook(state, ps.powerSGD_hook)
+        return state
+
+    def _boundary(self) -> bool:
+        return (self.micro_steps + 1) % self.gas == 0
+
+    def forward(self, *inputs: Any) -> Any:
+        return self.ddp(*inputs)
+
+    def sync_context(self) -> ContextManager[Any]:
+        return contextlib.nullcontext() if self._boundary() else self.ddp.no_sync()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (loss / self.gas if self.gas > 1 else loss).backward()
+
+    def step(self) -> None:
+        if self._boundary():
+            if self.clip > 0:
+                torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.clip)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            if self.scheduler is not None:
+                self.scheduler.step()
+            self._global_steps += 1
+        self.micro_steps += 1
+
+    @property
+    def global_steps(self) -> int:
+        return self._global_steps
+
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def gradient_clipping(self) -> float:
+        return self.clip
+
+    def dense_bytes(self) -> Optional[float]:
+        return self._dense
+
+    def save(self, save_dir: str, tag: str, client_state: dict[str, Any]) -> None:
+        """Replicated state only (rank 0 writes, as DeepSpeed does with ZeRO-0); per-rank state goes through
+        :meth:`local_state` into the runner's per-rank file."""
+        import torch.distributed as tdist
+
+        if tdist.get_rank() == 0:
+            os.makedirs(os.path.join(save_dir, tag), exist_ok=True)
+            state = {"module": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
+                     "lr_scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+                     "global_steps": self._global_steps, "micro_steps": self.micro_steps,
+                     "client_state": client_state}
+            path = os.path.join(save_dir, tag, "ddp_checkpoint.pt")
+            torch.save(state, path + ".tmp")
+            os.replace(path + ".tmp", path)
+            with open(os.path.join(save_dir, "latest"), "w", encoding="utf-8") as f:
+                f.write(tag)
+        tdist.barrier()
+
+    def load(self, load_dir: str) -> tuple[Optional[str], dict[str, Any]]:
+        tag = read_latest_tag(load_dir)
+        path = os.path.join(load_dir, tag, "ddp_checkpoint.pt")
+        if not os.path.isfile(path):
+            raise RunnerError(f"--resume {load_dir}: {path} not found (was it written by --system ddp?)")
+        state = torch.load(path, map_location=self.device, weights_only=False)
+        self.module.load_state_dict(state["module"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state.get("lr_scheduler") is not None:
+            self.scheduler.load_state_dict(state["lr_scheduler"])
+        self._global_steps, self.micro_steps = int(state["global_steps"]), int(state["micro_steps"])
+        return os.path.dirname(path), dict(state.get("client_state") or {})
+
+    def local_state(self) -> dict[str, Any]:
+        return {"powersgd": self.hook_state.__getstate__()} if self.hook_state is not None else {}
+
+    def load_local_state(self, state: dict[str, Any]) -> None:
+        if self.hook_state is not None and "powersgd" in state:
+            for key, value in state["powersgd"].items():
+                setattr(self.hook_state, key, value)
+
+
+def read_latest_tag(save_dir: str) -> str:
+    path = os.path.join(save_dir, "latest")
+    if not os.path.isfile(path):
+        raise RunnerError(f"--resume {save_dir}: no 'latest' file there (not a checkpoint directory?)")
+    with open(path, encoding="utf-8") as f:
+        return f.read().strip()
+
+
+# ---- optimizer and schedule from the DeepSpeed config (DDP systems) --------------------------------------
+
+
+def build_optimizer(cfg: dict[str, Any], params: Any) -> torch.optim.Optimizer:
+    """The config's ``optimizer`` section as a torch optimizer: ``torch.optim`` names as DeepSpeed accepts
+    them, and DeepSpeed's ``adam``/``adamw`` mapped to torch's (AdamW unless ``adam_w_mode`` is false)."""
+    section = cfg.get("optimizer")
+    if not section:
+        raise RunnerError("the DeepSpeed config has no 'optimizer' section (runners pass no client optimizer)")
+    name, kwargs = section["type"], dict(section.get("params", {}))
+    kwargs.pop("torch_adam", None)
+    if name.lower() in ("adam", "adamw"):
+        cls = torch.optim.AdamW if kwargs.pop("adam_w_mode", True) or name.lower() == "adamw" else torch.optim.Adam
+    else:
+        cls = getattr(torch.optim, name, None) or next(
+            (getattr(torch.optim, n) for n in dir(torch.optim) if n.lower() == name.lower()), None)
+    if cls is None:
+        raise RunnerError(f"optimizer type {name!r} has no torch equivalent for the DDP systems")
+    return cls(params, **kwargs)
+
+
+def build_scheduler(cfg: dict[str, Any], optimizer: torch.optim.Optimizer) -> Any:
+    """Same lookup as DeepSpeed's ``_scheduler_from_config``: its own schedules first, then torch's."""
+    section = cfg.get("scheduler")
+    if not section:
+        return None
+    from deepspeed.runtime import lr_schedules
+
+    name = section["type"]
+    cls = getattr(lr_schedules, name, None) or getattr(torch.optim.lr_scheduler, name, None)
+    if cls is None:
+        raise RunnerError(f"unknown LR scheduler {name!r}")
+    return cls(optimizer, **section.get("params", {}))
+
+
+# ---- construction ---------------------------------------------------------------------------------------
+
+
+def _engine_args(args: argparse.Namespace) -> argparse.Namespace:
+    """DeepSpeed refuses a config both in args and in ``config=``; runners pass the (overridden) dict."""
+    ns = argparse.Namespace(**vars(args))
+    ns.deepspeed_config = None
+    if hasattr(ns, "deepscale_config"):
+        ns.deepscale_config = None
+    return ns
+
+
+def build_system(args: argparse.Namespace, cfg: dict[str, Any], model: nn.Module, dist: DistInfo) -> System:
+    """One of the four systems around ``model`` (already initialised identically on every rank)."""
+    if args.system in ("ddp", "ddp_powersgd"):
+        return DDPSystem(args.system, model, cfg, dist, powersgd=args.system == "ddp_powersgd")
+    if args.system == "deepspeed":
+        import deepspeed
+
+        engine, *_ = deepspeed.initialize(args=_engine_args(args), model=model,
+                                          model_parameters=model.parameters(), config=without_gravac(cfg))
+        return EngineSystem("deepspeed", engine, None, dist.world_size)
+    import ds_gravac
+
+    engine, *_ = ds_gravac.initialize(args=_engine_args(args), model=model, model_parameters=model.parameters(),
+                                      config=cfg)
+    return EngineSystem("gravac", engine, ds_gravac.get_handle(engine), dist.world_size)
