@@ -62,6 +62,7 @@ class Synchronizer:
         self.last_record: dict[str, Any] = {}
         self.backward_end_t = 0.0
         self.last_launch_times: dict[int, float] = {}
+        self._selection_digest: Optional[list[int]] = [] if callable(getattr(compressor, "indices", None)) else None
         self._opt_end_t: Optional[float] = None
         self._t_iter_last = 0.0
         self._t_gain_last = 0.0
@@ -189,6 +190,23 @@ class Synchronizer:
                 cb.launch_dense(self.rule, self.channels.data, st)
         else:
             cb.launch_compressed(cb.encode(action, ctx.probes, fallback, st), self.channels.data, st)
+            if self._selection_digest is not None:
+                self._selection_digest.append(self._shared_selection_digest(cb, action))
+
+    def _shared_selection_digest(self, cb: CompressedBucket, levels: tuple[float, ...]) -> int:
+        """Checksum of shared-stream selections (Random-k indices) of one bucket (compressors.md §3.3)."""
+        total = 0
+        for mem, ctx, lvl in zip(cb.bucket.members, cb.ctxs, levels):
+            idx = self.comp.indices(mem.numel, self.comp.plan(mem.numel, lvl), ctx)
+            total = stable_hash(f"{total}:{int(idx.long().sum())}:{int((idx.long() * 2654435761 % 1000003).sum())}")
+        return total
+
+    def _check_shared_selection(self) -> None:
+        """At the first compressed step: fail fast if ranks drew different shared indices (a seed/RNG mismatch)."""
+        digests, self._selection_digest = self._selection_digest, None
+        check_agreement(stable_hash(repr(digests)), self.channels.control,
+                        "ranks selected different Random-k indices at the first compressed step (the shared "
+                        "random stream differs: check that every rank uses the same seed and library versions)")
 
     def _finish(self) -> None:
         """End of the boundary backward: launch the rest, wait in plan order, write every ``p.grad``."""
@@ -202,6 +220,8 @@ class Synchronizer:
                                   f"supported (parameter '{m.name}')")
         ctx.pending = [0] * len(ctx.pending)
         self._launch_prefix()
+        if self._selection_digest and any(isinstance(a, tuple) for a in ctx.actions):
+            self._check_shared_selection()
         if ctx.decision.deferred:
             self._resolve_strict()
         comm_wait = decompress = writeback = 0.0
