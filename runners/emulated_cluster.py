@@ -6,6 +6,7 @@
 
 Python API: ``with EmulatedCluster(ranks=2, rate="100mbit", tag=7, outdir=d) as c: c.launch_deepspeed(...)``.
 Rank i lives in namespace ``gvc<T>-r<i>`` with interface ``eth0`` = 10.77.<T>.<i+1>/24, pinned to one core.
+State file, hostfile and per-rank logs go to ``--outdir`` (default ``$GVC_OUTDIR`` or /tmp/ds_gravac_cluster).
 """
 from __future__ import annotations
 
@@ -61,27 +62,17 @@ class EmulatedCluster:
         self.outdir = Path(outdir)
         self.cores = cores or sorted(os.sched_getaffinity(0))
         self.state = netns.StateFile(self.outdir, tag)
+        self.hub, self.master_addr = f"{netns.prefix(tag)}hub", self.addr(0)
+        self.hostfile, self.logdir = self.outdir / f"gvc{tag}.hostfile", self.outdir / f"gvc{tag}-logs"
         self._launches = 0
         self._saved_handlers: dict[int, object] = {}
 
     # -- names --------------------------------------------------------------------------------------------------
-    @property
-    def hub(self) -> str:
-        return f"{netns.prefix(self.tag)}hub"
-
     def ns(self, rank: int) -> str:
         return f"{netns.prefix(self.tag)}r{rank}"
 
     def addr(self, rank: int) -> str:
         return f"10.77.{self.tag}.{rank + 1}"
-
-    @property
-    def master_addr(self) -> str:
-        return self.addr(0)
-
-    @property
-    def hostfile(self) -> Path:
-        return self.outdir / f"gvc{self.tag}.hostfile"
 
     @property
     def oversubscribed(self) -> bool:
@@ -113,31 +104,17 @@ class EmulatedCluster:
 
     def _build(self) -> None:
         netns.add_netns(self.state, self.hub)
-        netns.sh("ip", "-n", self.hub, "link", "add", "br0", "type", "bridge", "stp_state", "0", "forward_delay", "0")
-        netns.sh("ip", "-n", self.hub, "link", "set", "br0", "up")
+        netns.add_bridge(self.hub, "br0")
         for i in range(self.ranks):
-            rank_ns, port = self.ns(i), f"p{i}"
-            netns.add_netns(self.state, rank_ns)
-            netns.sh("ip", "-n", self.hub, "link", "add", port, "mtu", "1500", "type", "veth",
-                     "peer", "name", "eth0", "netns", rank_ns, "mtu", "1500")
-            netns.sh("ip", "-n", self.hub, "link", "set", port, "master", "br0", "up")
-            netns.sh("ip", "-n", rank_ns, "addr", "add", f"{self.addr(i)}/24", "dev", "eth0")
-            netns.sh("ip", "-n", rank_ns, "link", "set", "eth0", "up")
-            netns.shape(rank_ns, "eth0", self.rate, self.delay)      # upload
-            netns.shape(self.hub, port, self.rate, self.delay)       # download
+            netns.add_netns(self.state, self.ns(i))
+            netns.plug(self.hub, "br0", f"p{i}", self.ns(i), f"{self.addr(i)}/24", self.rate, self.delay)
         self.hostfile.write_text("".join(f"node{i} slots=1\n" for i in range(self.ranks)))
         self.logdir.mkdir(parents=True, exist_ok=True)
 
     def down(self) -> list[str]:
-        """Stop recorded processes and delete recorded namespaces (idempotent; signals held off meanwhile)."""
-        main = threading.current_thread() is threading.main_thread()
-        if main:
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-        try:
+        """Stop recorded processes and delete recorded namespaces (idempotent; SIGINT/SIGTERM held off meanwhile)."""
+        with netns.signals_held():
             return netns.teardown(self.state)
-        finally:
-            if main:
-                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
 
     def __enter__(self) -> "EmulatedCluster":
         atexit.register(self.down)
@@ -165,6 +142,7 @@ class EmulatedCluster:
     @classmethod
     def attach(cls, tag: int = 0, outdir: str | Path = DEFAULT_OUTDIR) -> "EmulatedCluster":
         """The cluster an earlier ``up`` (e.g. from the CLI) left running, read from its state file."""
+        netns.check_prereqs()
         meta = netns.StateFile(outdir, tag).meta()
         if meta is None:
             raise ClusterError(f"no cluster state for tag {tag} in {outdir}; run `up` first")
@@ -175,14 +153,11 @@ class EmulatedCluster:
         return cluster
 
     # -- processes ----------------------------------------------------------------------------------------------
-    @property
-    def logdir(self) -> Path:
-        return self.outdir / f"gvc{self.tag}-logs"
-
     def rank_env(self) -> dict[str, str]:
-        """Environment of every rank (benchmarks.md §2, deepspeed.md §8)."""
+        """Environment of every rank (benchmarks.md §2, deepspeed.md §8); the shm op JIT cache as in the Makefile."""
+        ext_dir = os.environ.get("TORCH_EXTENSIONS_DIR", str(VENV_BIN.parent / "torch_extensions"))
         return {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "GLOO_SOCKET_IFNAME": "eth0",
-                "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1",
+                "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", "TORCH_EXTENSIONS_DIR": ext_dir,
                 "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
                 "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 
@@ -219,33 +194,35 @@ class EmulatedCluster:
             if any(p.poll() not in (None, 0) for p in procs):
                 deadline = min(deadline, time.monotonic() + grace)
             time.sleep(0.2)
+        running = [p for p in procs if p.poll() is None]
+        netns.stop_groups([(p.pid, netns.proc_starttime(p.pid)) for p in running])
         for proc, result in zip(procs, results):
-            if proc.poll() is None:
-                netns.stop_group(proc.pid, netns.proc_starttime(proc.pid))
+            if proc in running:
                 proc.wait()
             else:
                 result.returncode = proc.returncode
         return results
 
-    def _next_name(self, kind: str) -> str:
+    def _launch(self, kind: str, per_rank: list[list[str]], port: int, tail: list[str], timeout: float
+                ) -> list[RankResult]:
+        """Run ``<venv>/bin/<kind> <per_rank[i]> --master_addr 10.77.<T>.1 --master_port <port> <tail>`` on rank i."""
         self._launches += 1
-        return f"{kind}{self._launches}"
+        cmds = [[str(VENV_BIN / kind), *own, "--master_addr", self.master_addr, "--master_port", str(port), *tail]
+                for own in per_rank]
+        return self.run_all(cmds, f"{kind}{self._launches}-{os.getpid()}", timeout)
 
     def launch_deepspeed(self, script: str, args: list[str] = (), port: int = 29500, timeout: float = 600.0
                          ) -> list[RankResult]:
         """``deepspeed --hostfile H --no_ssh --node_rank i --master_addr 10.77.<T>.1 ...`` in every namespace."""
-        cmds = [[str(VENV_BIN / "deepspeed"), "--hostfile", str(self.hostfile), "--no_ssh", "--node_rank", str(i),
-                 "--master_addr", self.master_addr, "--master_port", str(port), script, *args]
-                for i in range(self.ranks)]
-        return self.run_all(cmds, self._next_name("deepspeed"), timeout)
+        per_rank = [["--hostfile", str(self.hostfile), "--no_ssh", "--node_rank", str(i)] for i in range(self.ranks)]
+        return self._launch("deepspeed", per_rank, port, [script, *args], timeout)
 
     def launch_torchrun(self, script: str, args: list[str] = (), port: int = 29500, timeout: float = 600.0
                         ) -> list[RankResult]:
         """``torchrun --nnodes N --node_rank i --nproc_per_node 1 --master_addr ...`` in every namespace."""
-        cmds = [[str(VENV_BIN / "torchrun"), "--nnodes", str(self.ranks), "--node_rank", str(i),
-                 "--nproc_per_node", "1", "--master_addr", self.master_addr, "--master_port", str(port),
-                 script, *args] for i in range(self.ranks)]
-        return self.run_all(cmds, self._next_name("torchrun"), timeout)
+        per_rank = [["--nnodes", str(self.ranks), "--node_rank", str(i), "--nproc_per_node", "1"]
+                    for i in range(self.ranks)]
+        return self._launch("torchrun", per_rank, port, [script, *args], timeout)
 
     def tx_bytes(self, rank: int) -> int:
         """Bytes rank's ``eth0`` has transmitted (ground truth incl. TCP/IP overhead), read inside its namespace."""
@@ -255,16 +232,18 @@ class EmulatedCluster:
     def measure(self, sizes: list[int] = DEFAULT_SIZES, ops: tuple[str, ...] = OPS, port: int = 29600,
                 max_repeats: int = 8, timeout: float = 900.0) -> dict:
         """Time gloo collectives between all ranks; per-size Mbit/s and ``t = A + B·bytes`` fits per op."""
-        worker = [str(VENV_BIN / "python"), "-m", "runners.emulated_cluster", "_measure_worker",
-                  "--world", str(self.ranks), "--master", self.master_addr, "--port", str(port),
-                  "--sizes", ",".join(map(str, sizes)), "--ops", ",".join(ops), "--max-repeats", str(max_repeats)]
-        results = self.run_all([worker + ["--rank", str(i)] for i in range(self.ranks)],
-                               self._next_name("measure"), timeout)
+        spec = {"world": self.ranks, "master": self.master_addr, "port": port, "sizes": list(sizes), "ops": list(ops),
+                "max_repeats": max_repeats, "burst": netns.burst_bytes(self.rate)}
+        self._launches += 1
+        results = self.run_all([[str(VENV_BIN / "python"), "-m", "runners.emulated_cluster", "_measure_worker",
+                                 json.dumps({**spec, "rank": i})] for i in range(self.ranks)],
+                               f"measure{self._launches}-{os.getpid()}", timeout)
         failed = [r for r in results if not r.ok]
         if failed:
             raise ClusterError(f"measure failed on rank {failed[0].rank}: {failed[0].text()[-2000:]}")
         report = json.loads(results[0].stdout.read_text().strip().splitlines()[-1])
         report.update(ranks=self.ranks, rate=self.rate, delay=self.delay, rate_mbit=netns.parse_rate(self.rate) / 1e6,
+                      burst_bytes=spec["burst"],
                       oversubscribed=self.oversubscribed)
         return report
 
@@ -319,8 +298,11 @@ def _collective(op: str, size: int, world: int):
 
 
 def measure_worker(rank: int, world: int, master: str, port: int, sizes: list[int], ops: list[str],
-                   max_repeats: int) -> None:
-    """Median time per op and size (each after a barrier); rank 0 prints one JSON line."""
+                   max_repeats: int, burst: int = 0) -> None:
+    """Median time per op and size (each after a barrier); rank 0 prints one JSON line.
+
+    The fit uses only sizes whose wire bytes exceed the tbf ``burst`` (smaller ones pass at veth speed).
+    """
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)
@@ -338,7 +320,8 @@ def measure_worker(rank: int, world: int, master: str, port: int, sizes: list[in
                 times.append(time.perf_counter() - t0)
             seconds.append(statistics.median(times))
         factor = wire_factor(op, world)
-        a, b = fit_line([float(s) for s in sizes], seconds)
+        shaped = [(s, t) for s, t in zip(sizes, seconds) if factor * s > burst]
+        a, b = fit_line(*zip(*(shaped if len(shaped) >= 2 else zip(sizes, seconds))))
         report["ops"][op] = {"seconds": seconds, "mbit_s": [factor * s * 8 / t / 1e6 for s, t in zip(sizes, seconds)],
                              "fit": {"A_s": a, "B_s_per_byte": b, "mbit_s": factor * 8 / b / 1e6 if b > 0 else None}}
     dist.barrier()
@@ -367,18 +350,15 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--outdir", default=str(DEFAULT_OUTDIR))
     cmds["up"].add_argument("--ranks", type=int, required=True)
     cmds["up"].add_argument("--rate", required=True, help="tbf rate per port and direction, e.g. 100mbit, 1gbit")
-    cmds["up"].add_argument("--delay", default="0", help="netem delay on every port end (needs sch_netem)")
+    cmds["up"].add_argument("--delay", default="0", help="netem delay on both ends of every link: rank-to-rank "
+                            "one-way latency is 2x this (needs sch_netem)")
     cmds["run"].add_argument("--rank", type=int, required=True)
     cmds["run"].add_argument("cmd", nargs=argparse.REMAINDER, help="-- command ...")
     cmds["measure"].add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)), help="e.g. 16KiB,1MiB,64MiB")
     cmds["measure"].add_argument("--ops", default=",".join(OPS))
     cmds["measure"].add_argument("--port", type=int, default=29600)
     cmds["measure"].add_argument("--max-repeats", type=int, default=8)
-    worker = sub.add_parser("_measure_worker")
-    for flag in ("--rank", "--world", "--port", "--max-repeats"):
-        worker.add_argument(flag, type=int, required=True)
-    for flag in ("--master", "--sizes", "--ops"):
-        worker.add_argument(flag, required=True)
+    sub.add_parser("_measure_worker").add_argument("spec", help="JSON written by EmulatedCluster.measure")
     return parser
 
 
@@ -387,7 +367,8 @@ def cli_run(cluster: EmulatedCluster, rank: int, cmd: list[str]) -> int:
     cmd = cmd[1:] if cmd[:1] == ["--"] else cmd
     if not cmd:
         raise ClusterError("nothing to run: use `run --rank i -- <cmd>`")
-    signal.signal(signal.SIGTERM, _raise_on_signal)
+    for sig in (signal.SIGINT, signal.SIGTERM):         # also when started with SIGINT ignored (background job)
+        signal.signal(sig, _raise_on_signal)
     proc = cluster.spawn(rank, cmd)
     try:
         return proc.wait()
@@ -400,8 +381,7 @@ def cli_run(cluster: EmulatedCluster, rank: int, cmd: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "_measure_worker":
-        measure_worker(args.rank, args.world, args.master, args.port, parse_sizes(args.sizes),
-                       args.ops.split(","), args.max_repeats)
+        measure_worker(**json.loads(args.spec))
         return 0
     try:
         if args.command == "up":

@@ -7,6 +7,7 @@ created in the root namespace: links are made by commands executed inside our na
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -14,7 +15,9 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 _RATE_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "kibit": 1024, "mibit": 1024**2, "gibit": 1024**3}
@@ -144,23 +147,29 @@ def proc_starttime(pid: int) -> str:
     return stat.rsplit(")", 1)[1].split()[19]
 
 
-def stop_group(pid: int, starttime: str, grace: float = 10.0) -> None:
-    """SIGTERM the process group led by recorded ``pid`` (started with a new session), SIGKILL after ``grace`` s.
+def stop_groups(entries: list[tuple[int, str]], grace: float = 10.0) -> None:
+    """SIGTERM the process groups led by recorded ``(pid, starttime)`` (started with a new session) all at once,
+    then SIGKILL whatever survives ``grace`` seconds.
 
-    Skipped if ``pid`` now belongs to a different process (start time differs). If the leader is gone the group
-    id cannot have been reused (Linux never hands out a PID still in use as a group id), so the group is still ours.
+    A pid now owned by a different process (start time differs) is skipped. If the leader is gone, the group id
+    cannot have been reused (Linux never hands out a PID still in use as a group id), so the group is still ours.
     """
-    now = proc_starttime(pid)
-    if now and starttime and now != starttime:
-        return
-    if not _signal_group(pid, signal.SIGTERM):
-        return
+    def ours(pid: int, starttime: str) -> bool:
+        now = proc_starttime(pid)
+        return not (now and starttime and now != starttime)
+
+    pending = [pid for pid, start in entries if ours(pid, start) and _signal_group(pid, signal.SIGTERM)]
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        if not _group_alive(pid):
-            return
-        time.sleep(0.1)
-    _signal_group(pid, signal.SIGKILL)
+    while pending and time.monotonic() < deadline:
+        time.sleep(0.05)
+        pending = [pid for pid in pending if _group_alive(pid)]
+    for pid in pending:
+        _signal_group(pid, signal.SIGKILL)
+
+
+def stop_group(pid: int, starttime: str, grace: float = 10.0) -> None:
+    """``stop_groups`` for one recorded process."""
+    stop_groups([(pid, starttime)], grace)
 
 
 def _signal_group(pgid: int, sig: int) -> bool:
@@ -195,6 +204,24 @@ def add_netns(state: StateFile, name: str) -> None:
     sh("ip", "-n", name, "link", "set", "lo", "up")
 
 
+def add_bridge(ns: str, bridge: str) -> None:
+    """A plain bridge in ``ns``: no STP, ports forward at once."""
+    sh("ip", "-n", ns, "link", "add", bridge, "type", "bridge", "stp_state", "0", "forward_delay", "0")
+    sh("ip", "-n", ns, "link", "set", bridge, "up")
+
+
+def plug(hub: str, bridge: str, port: str, rank_ns: str, cidr: str, rate: str, delay: str = "0") -> None:
+    """veth ``port`` (in ``hub``, on ``bridge``) <-> ``eth0`` (in ``rank_ns``, address ``cidr``), MTU 1500,
+    shaped at both ends: rank egress = upload, hub egress = download. Created from inside ``hub``."""
+    sh("ip", "-n", hub, "link", "add", port, "mtu", "1500", "type", "veth", "peer", "name", "eth0",
+       "netns", rank_ns, "mtu", "1500")
+    sh("ip", "-n", hub, "link", "set", port, "master", bridge, "up")
+    sh("ip", "-n", rank_ns, "addr", "add", cidr, "dev", "eth0")
+    sh("ip", "-n", rank_ns, "link", "set", "eth0", "up")
+    shape(rank_ns, "eth0", rate, delay)
+    shape(hub, port, rate, delay)
+
+
 def shape(ns: str, dev: str, rate: str, delay: str = "0") -> None:
     """Egress shaping on ``dev`` in ``ns``: tbf at ``rate``; with a delay, netem as root and the tbf as its child."""
     tbf = ["tbf", "rate", rate, "burst", str(burst_bytes(rate)), "latency", "50ms"]
@@ -209,10 +236,22 @@ def shape(ns: str, dev: str, rate: str, delay: str = "0") -> None:
         sh("tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", *tbf)
 
 
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Defer SIGINT/SIGTERM (main thread only) so a second Ctrl-C cannot cut a teardown short."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def teardown(state: StateFile) -> list[str]:
     """Stop recorded processes, delete recorded namespaces that still exist and carry the prefix. Idempotent."""
-    for pid, starttime in state.pids():
-        stop_group(pid, starttime)
+    stop_groups(state.pids())
     existing = set(list_netns()) if state.path.exists() else set()
     deleted = []
     for name in state.netns():
