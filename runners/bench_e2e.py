@@ -1,0 +1,159 @@
+"""End-to-end comparison on the emulated cluster (benchmarks.md §3): DeepSpeed dense, ds_gravac dense, PyTorch DDP
+(+ PowerSGD hook), static Top-k/DGC, Accordion and GraVAC — same model, data, seed and network, one invocation.
+
+    python runners/bench_e2e.py run --model resnet101 --rate 1gbit --ranks 2 --steps 30
+    python runners/bench_e2e.py report bench_results/<dir>
+    python runners/bench_e2e.py run --smoke          # no namespaces: 127.0.0.1, tiny model, 3 steps, 2 systems
+
+Needs root for the namespaces (runners/emulated_cluster.py). Writes ``<out>/meta.json``, per-system
+``systems/<id>/steps.jsonl`` and logs, then ``results.json``, ``results.md`` and ``plots/`` (bench_report.py).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from runners.bench_report import report  # noqa: E402
+from runners.bench_systems import QUICK_SYSTEMS, SMOKE_SYSTEMS, SystemSpec, system_config, system_matrix  # noqa: E402
+
+VENV_BIN = Path(sys.executable).parent
+SCRIPTS = {"lstm": "runners/train_ptb.py"}
+BASE_CONFIGS = {"resnet101": "resnet101_dense.json", "resnet18": "resnet101_dense.json",
+                "vgg16": "vgg16_dense.json", "lstm": "lstm_dense.json", "tiny_cnn": "resnet101_dense.json"}
+
+
+def env_block() -> dict[str, Any]:
+    import deepspeed
+    import torch
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    except OSError:
+        commit = None
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+               platform.processor())
+    return {"torch": torch.__version__, "deepspeed": deepspeed.__version__, "python": platform.python_version(),
+            "cpu": cpu, "cores": os.cpu_count(), "omp_threads": os.environ.get("OMP_NUM_THREADS", "1"),
+            "git_commit": commit, "date": dt.datetime.now(dt.timezone.utc).isoformat()}
+
+
+def runner_args(spec: SystemSpec, model: str, steps: int, cfg_path: Path, log_dir: Path,
+                micro_batch: Optional[int]) -> list[str]:
+    args = ["--system", spec.system, "--deepspeed_config", str(cfg_path), "--steps", str(steps), "--seed", "0",
+            "--log-dir", str(log_dir), "--run-name", spec.id, "--no-progress", "--eval-every", "0"]
+    if model != "lstm":
+        args += ["--model", model]
+    if micro_batch:
+        args += ["--micro-batch", str(micro_batch)]
+    return args
+
+
+def run_local(script: str, args: list[str], ddp: bool, port: int, timeout: float, log: Path) -> int:
+    """Smoke mode: both ranks on this machine (127.0.0.1), no namespaces."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", WANDB_MODE="offline",
+               PYTHONPATH=str(ROOT))
+    launcher = [str(VENV_BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", str(port)] if ddp else \
+        [str(VENV_BIN / "deepspeed"), "--num_gpus", "2", "--master_port", str(port)]
+    with open(log, "w") as fh:
+        return subprocess.run(launcher + [script] + args, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT,
+                              timeout=timeout).returncode
+
+
+def run_matrix(opts: argparse.Namespace) -> Path:
+    matrix = system_matrix(opts.steps)
+    ids = list(SMOKE_SYSTEMS if opts.smoke else (opts.systems.split(",") if opts.systems else matrix))
+    unknown = [i for i in ids if i not in matrix]
+    if unknown:
+        raise SystemExit(f"bench_e2e: unknown systems {unknown}; known: {', '.join(matrix)}")
+    net = "local" if opts.smoke else opts.rate
+    out = Path(opts.out or ROOT / "bench_results" / f"{dt.date.today()}-{opts.model}-{net}")
+    (out / "configs").mkdir(parents=True, exist_ok=True)
+    base = json.loads((ROOT / "ds_configs" / BASE_CONFIGS[opts.model]).read_text())
+    script = SCRIPTS.get(opts.model, "runners/train_cifar.py")
+    meta: dict[str, Any] = {"env": env_block(), "model": opts.model, "N": opts.ranks, "steps": opts.steps,
+                            "network": {"rate": net, "delay": "0"}, "systems": {}}
+    cluster = None
+    if not opts.smoke:
+        from runners.emulated_cluster import EmulatedCluster
+        cluster = EmulatedCluster(ranks=opts.ranks, rate=opts.rate, tag=opts.tag, outdir=out / "cluster")
+        cluster.__enter__()
+    try:
+        if cluster is not None:
+            measured = cluster.measure(sizes=[1 << 20, 4 << 20, 16 << 20], ops=("all_reduce",), max_repeats=3)
+            meta["network"].update(measured_mbit=measured["ops"]["all_reduce"]["fit"]["mbit_s"], fits=measured["ops"])
+        for n, sid in enumerate(ids):
+            spec = matrix[sid]
+            cfg_path = out / "configs" / f"{sid}.json"
+            cfg = system_config(base, spec)
+            cfg_path.write_text(json.dumps(cfg, indent=1))
+            log_dir = out / "systems" / sid
+            log_dir.mkdir(parents=True, exist_ok=True)
+            args = runner_args(spec, opts.model, opts.steps, cfg_path, log_dir, opts.micro_batch)
+            ddp = spec.system.startswith("ddp")
+            print(f"[bench_e2e] {n + 1}/{len(ids)} {sid} ...", flush=True)
+            rc, veth = _run_one(cluster, script, args, ddp, 29500 + n, opts.timeout, log_dir)
+            import hashlib
+            meta["systems"][sid] = {"returncode": rc, "veth_bytes": veth, "note": spec.note,
+                                    "config_hash": hashlib.sha1(cfg_path.read_bytes()).hexdigest()[:12]}
+            (out / "meta.json").write_text(json.dumps(meta, indent=1))
+            print(f"[bench_e2e] {sid}: exit {rc}", flush=True)
+    finally:
+        if cluster is not None:
+            cluster.__exit__(None, None, None)
+    (out / "meta.json").write_text(json.dumps(meta, indent=1))
+    return out
+
+
+def _run_one(cluster: Any, script: str, args: list[str], ddp: bool, port: int, timeout: float,
+             log_dir: Path) -> tuple[Optional[int], Optional[int]]:
+    if cluster is None:
+        return run_local(script, args, ddp, port, timeout, log_dir / "log.txt"), None
+    before = cluster.tx_bytes(0)
+    launch = cluster.launch_torchrun if ddp else cluster.launch_deepspeed
+    results = launch(script, args, port=port, timeout=timeout)
+    with open(log_dir / "log.txt", "w") as fh:
+        for r in results:
+            fh.write(f"===== rank {r.rank} (exit {r.returncode}) =====\n{r.text()[-20000:]}\n")
+    rc = max((r.returncode if r.returncode is not None else -1) for r in results)
+    return rc, cluster.tx_bytes(0) - before
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    run = sub.add_parser("run", help="run the matrix and write the report")
+    run.add_argument("--model", default="resnet101", choices=sorted(BASE_CONFIGS))
+    run.add_argument("--rate", default="1gbit")
+    run.add_argument("--ranks", type=int, default=2)
+    run.add_argument("--steps", type=int, default=30)
+    run.add_argument("--systems", default=None, help=f"comma list (default: all); quick set: {','.join(QUICK_SYSTEMS)}")
+    run.add_argument("--micro-batch", type=int, default=None)
+    run.add_argument("--tag", type=int, default=3)
+    run.add_argument("--timeout", type=float, default=3600.0, help="seconds per system")
+    run.add_argument("--out", default=None)
+    run.add_argument("--smoke", action="store_true", help="127.0.0.1, tiny model, 3 steps, 2 systems")
+    rep = sub.add_parser("report", help="rebuild results.md and plots from a results directory")
+    rep.add_argument("dir")
+    opts = parser.parse_args(argv)
+    if opts.cmd == "report":
+        out = Path(opts.dir)
+    else:
+        if opts.smoke:
+            opts.model, opts.steps, opts.ranks = "tiny_cnn", 3, 2
+        out = run_matrix(opts)
+    results = report(out)
+    print((out / "results.md").read_text())
+    print(f"[bench_e2e] results in {out} ({len(results['systems'])} systems)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""The system matrix of the end-to-end benchmark (benchmarks.md §3): ids, runner flags and ``"gravac"`` sections.
+
+Every system uses the same runner loop, model, data order, seed and base DeepSpeed config; only the
+synchronization differs. The scaled windows follow the spec: ``window = steps // 10``,
+``refresh_steps = min_sent_steps = window // 5``, Accordion ``interval_steps = steps // 10``.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any, Optional
+
+MIN_NUMEL = 16384
+
+
+@dataclass(frozen=True)
+class SystemSpec:
+    id: str
+    system: str                    # runner --system: gravac | deepspeed | ddp | ddp_powersgd
+    gravac: Optional[dict[str, Any]]
+    note: str = ""
+
+
+def _static(compressor: Any, cf: float, min_numel: int = MIN_NUMEL) -> dict[str, Any]:
+    return {"mode": "static", "compressor": compressor, "cf": cf, "min_compress_numel": min_numel}
+
+
+def system_matrix(steps: int) -> dict[str, SystemSpec]:
+    window = max(2, steps // 10)
+    refresh = max(1, window // 5)
+    gravac = {"mode": "gravac", "compressor": "topk", "theta_min": 10, "theta_max": 1000, "epsilon": 0.7,
+              "omega": 0.01, "window": window, "refresh_steps": min(refresh, window // 2),
+              "min_sent_steps": refresh, "min_compress_numel": MIN_NUMEL}
+    dgc = {"type": "dgc", "params": {"momentum": 0.9}}
+    specs = [
+        SystemSpec("ds_dense", "deepspeed", None, "DeepSpeed's own all-reduce (after backward)"),
+        SystemSpec("gv_dense", "gravac", {"mode": "dense"}, "ds_gravac dense: bucketed, overlapped"),
+        SystemSpec("ddp_dense", "ddp", None, "PyTorch DDP, 25 MB buckets"),
+        SystemSpec("ddp_powersgd", "ddp_powersgd", None, "DDP + powerSGD_hook rank 4"),
+        *[SystemSpec(f"gv_topk_{cf}", "gravac", _static("topk", cf)) for cf in (10, 100, 1000)],
+        *[SystemSpec(f"gv_dgc_{cf}", "gravac", _static(dgc, cf, 0)) for cf in (10, 100, 1000)],
+        SystemSpec("gv_accordion_topk", "gravac",
+                   {"mode": "accordion", "compressor": "topk", "min_compress_numel": MIN_NUMEL,
+                    "accordion": {"interval_steps": window, "low_compression": 1.01, "high_compression": 10}},
+                   "Accordion over Top-k CF 1.01/10 (the PowerSGD rank 4/1 variant needs the low-rank family)"),
+        SystemSpec("gv_gravac", "gravac", gravac, f"GraVAC Top-k exponential 10→1000, window {window}"),
+        SystemSpec("gv_gravac_dgc", "gravac", {**gravac, "compressor": dgc, "min_compress_numel": 0}),
+    ]
+    return {s.id: s for s in specs}
+
+
+def system_config(base: dict[str, Any], spec: SystemSpec) -> dict[str, Any]:
+    """The DeepSpeed config one system runs: the base without its "gravac" section, plus the system's."""
+    cfg = copy.deepcopy(base)
+    cfg.pop("gravac", None)
+    if spec.gravac is not None:
+        cfg["gravac"] = copy.deepcopy(spec.gravac)
+    return cfg
+
+
+SMOKE_SYSTEMS = ("ds_dense", "gv_topk_100")
+QUICK_SYSTEMS = ("ds_dense", "gv_dense", "ddp_dense", "gv_topk_100", "gv_gravac")

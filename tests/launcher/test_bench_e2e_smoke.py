@@ -1,0 +1,19 @@
+"""bench_e2e in smoke mode (127.0.0.1, tiny model, 3 steps, 2 systems): runs and writes a valid results.json."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+
+@pytest.mark.launcher
+def test_bench_e2e_smoke(tmp_path) -> None:
+    from runners.bench_e2e import main
+    from runners.bench_report import validate
+    main(["run", "--smoke", "--out", str(tmp_path)])
+    results = json.loads((tmp_path / "results.json").read_text())
+    validate(results)
+    assert [s["id"] for s in results["systems"]] == ["ds_dense", "gv_topk_100"]
+    assert all(s["steps"] == 3 for s in results["systems"])
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
+        "bytes_per_step.png", "cf_vs_step.png", "loss_vs_wall.png", "step_breakdown.png"]
