@@ -28,10 +28,20 @@ class RunnerError(RuntimeError):
 # ---- command line ---------------------------------------------------------------------------------------
 
 
+class _Parser(argparse.ArgumentParser):
+    """Every ``--multi-word`` option also answers to ``--multi_word``: the spelling architecture.md §10 and
+    DeepSpeed's own options (``--local_rank``, ``--deepspeed_config``) use."""
+
+    def add_argument(self, *names: Any, **kwargs: Any) -> argparse.Action:
+        extra = ["--" + n[2:].replace("-", "_") for n in names if n.startswith("--") and "-" in n[2:]]
+        extra = [n for n in extra if n not in names]
+        return super().add_argument(*names, *extra, **kwargs)
+
+
 def base_parser(description: str) -> argparse.ArgumentParser:
     """Options every runner shares; runners add theirs, then call :func:`finish_parser`."""
-    p = argparse.ArgumentParser(description=description)
-    p.add_argument("--local_rank", "--local-rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)),
+    p = _Parser(description=description)
+    p.add_argument("--local-rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)),
                    help="set by the deepspeed launcher; torchrun passes LOCAL_RANK in the environment")
     p.add_argument("--system", choices=SYSTEMS, default="gravac",
                    help="gravac: ds_gravac.initialize; deepspeed: deepspeed.initialize on the same config without "

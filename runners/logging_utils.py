@@ -10,9 +10,9 @@ import math
 import os
 from typing import Any, Iterable, Optional
 
+from ds_gravac.adapt.base import BRANCH_CODES
 from ds_gravac.telemetry.sinks import JsonlSink, numeric_metrics
 
-BRANCH_CODES = {"dense": 0, "min": 1, "cand": 2}
 CODEC_TIMES = ("stage_s", "compress_s", "decompress_s", "writeback_s")
 LOSS_EWMA_ALPHA = 0.1          # benchmarks.md §3: the smoothing used for time-to-target
 
@@ -52,6 +52,7 @@ class Summary:
         self.ewma: list[float] = []
         self.step_times: list[float] = []
         self.timeline: list[tuple[str, float, int]] = []
+        self.candidates: list[tuple[str, float, int]] = []
         self.bytes_sent = 0.0
         self.dense_bytes = 0.0
         self.bytes_known = False
@@ -71,14 +72,17 @@ class Summary:
             self.dense_bytes += float(record["dense_bytes"])
         if "branch" in record:
             self.timeline.append((str(record["branch"]), float(record.get("cf_sent") or 1.0), int(record["step"])))
+        if record.get("mode") == "gravac" and record.get("gravac/theta_c") is not None:
+            self.candidates.append(("cand", float(record["gravac/theta_c"]), int(record["step"])))
 
     def add_eval(self, step: int, metrics: dict[str, float]) -> None:
         self.eval, self.eval_step = dict(metrics), step
 
-    def cf_runs(self) -> list[tuple[str, float, int, int]]:
-        """Runs of equal (branch, sent CF): (branch, cf, first step, last step)."""
+    @staticmethod
+    def cf_runs(timeline: list[tuple[str, float, int]]) -> list[tuple[str, float, int, int]]:
+        """Runs of equal (branch, CF): (branch, cf, first step, last step)."""
         runs: list[tuple[str, float, int, int]] = []
-        for branch, cf, step in self.timeline:
+        for branch, cf, step in timeline:
             if runs and runs[-1][0] == branch and runs[-1][1] == cf:
                 runs[-1] = (branch, cf, runs[-1][2], step)
             else:
@@ -108,14 +112,24 @@ class Summary:
             out.append(f"wandb run: {wandb_dir} (offline runs upload with: wandb sync {wandb_dir})")
         return out
 
-    def _timeline_lines(self, limit: int = 12) -> list[str]:
-        runs = self.cf_runs()
-        if not runs:
-            return []
-        text = [f"{b}@{cf:g}x x{last - first + 1} [{first}-{last}]" for b, cf, first, last in runs]
-        if len(text) > limit:
-            text = text[: limit // 2] + [f"... {len(text) - limit} more runs ..."] + text[-limit // 2:]
-        return ["CF timeline (branch@cf x steps [first-last]): " + ", ".join(text)]
+    def _timeline_lines(self) -> list[str]:
+        """Sent CFs (what went on the wire) and, for GraVAC, the candidate CF each window evaluated."""
+        out = []
+        for label, timeline, show_branch in (("CF timeline (branch@cf x steps [first-last])", self.timeline, True),
+                                             ("GraVAC candidates (theta_c x steps [first-last])", self.candidates,
+                                              False)):
+            runs = self.cf_runs(timeline)
+            if runs:
+                out.append(f"{label}: " + _join_runs(runs, show_branch))
+        return out
+
+
+def _join_runs(runs: list[tuple[str, float, int, int]], show_branch: bool, limit: int = 12) -> str:
+    text = [f"{b + '@' if show_branch else ''}{cf:g}x x{last - first + 1} [{first}-{last}]"
+            for b, cf, first, last in runs]
+    if len(text) > limit:
+        text = text[: limit // 2] + [f"... {len(text) - limit} more runs ..."] + text[-limit // 2:]
+    return ", ".join(text)
 
 
 class MetricsLogger:

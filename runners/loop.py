@@ -121,18 +121,16 @@ def train(task: Task, system: System, args: argparse.Namespace, dist: DistInfo, 
         losses = _optimizer_step(task, system, state)
         step_time = time.perf_counter() - t_prev
         record = step_record(task, system, dist, losses, step_time)
-        step = system.global_steps
-        if args.eval_every > 0 and step % args.eval_every == 0:
+        step, last = system.global_steps, system.global_steps >= args.steps
+        if args.eval_every >= 0 and (last or (args.eval_every > 0 and step % args.eval_every == 0)):
             record.update(evaluate(task, system, args, state, logger))
         logger.log_step(record)
         logger.log_events(system.pop_events())
-        if args.save_dir and args.save_every > 0 and step % args.save_every == 0:
+        if args.save_dir and (last or (args.save_every > 0 and step % args.save_every == 0)):
             save(system, task, args, dist, state)
         t_prev = time.perf_counter()          # eval and checkpoint time is not step time
-    if args.eval_every >= 0 and state.last_eval != system.global_steps:
+    if args.eval_every >= 0 and state.last_eval != system.global_steps:   # resumed at or past --steps
         evaluate(task, system, args, state, logger)
-    if args.save_dir and state.last_save != system.global_steps:
-        save(system, task, args, dist, state)
 
 
 def _optimizer_step(task: Task, system: System, state: LoopState) -> list[float]:
@@ -206,7 +204,15 @@ def save(system: System, task: Task, args: argparse.Namespace, dist: DistInfo, s
     state.last_save = step
 
 
+def _dry_run(task: Task, system: System) -> None:
+    with system.sync_context():
+        system.backward(task.loss(system, task.micro_batch(0)))
+
+
 def resume(system: System, task: Task, args: argparse.Namespace, dist: DistInfo) -> LoopState:
+    """Weights, optimizer and schedule from the system's checkpoint; data position from client_state; RNG and
+    task state (LSTM hidden) from this rank's runner file."""
+    system.before_resume(lambda: _dry_run(task, system))
     load_path, client = system.load(args.resume)
     if load_path is None:
         raise RunnerError(f"--resume {args.resume}: no checkpoint found there")
@@ -225,6 +231,8 @@ def resume(system: System, task: Task, args: argparse.Namespace, dist: DistInfo)
         set_rng_state(local["rng"])
         task.load_state_dict(local.get("task", {}))
         system.load_local_state(local.get("system", {}))
-    elif dist.is_main:
-        print(f"warning: {path} missing: RNG and task state start fresh", file=sys.stderr, flush=True)
+    else:
+        task.load_state_dict({})
+        if dist.is_main:
+            print(f"warning: {path} missing: RNG and task state start fresh", file=sys.stderr, flush=True)
     return LoopState(micro_index=int(runner["micro_index"]), last_save=system.global_steps)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-from typing import Any, ContextManager, Optional
+from typing import Any, Callable, ContextManager, Optional
 
 import torch
 from torch import nn
@@ -80,6 +80,9 @@ class System:
     def local_state(self) -> dict[str, Any]:
         """Per-rank state outside the system's own checkpoint (DDP PowerSGD error memory)."""
         return {}
+
+    def before_resume(self, dry_run: Callable[[], None]) -> None:
+        """Called before any state is restored; ``dry_run`` does one forward+backward without a step."""
 
     def load_local_state(self, state: dict[str, Any]) -> None:
         pass
@@ -231,10 +234,19 @@ class DDPSystem(System):
         if self.scheduler is not None and state.get("lr_scheduler") is not None:
             self.scheduler.load_state_dict(state["lr_scheduler"])
         self._global_steps, self.micro_steps = int(state["global_steps"]), int(state["micro_steps"])
-        return os.path.dirname(path), dict(state.get("client_state") or {})
+        return path, dict(state.get("client_state") or {})
 
     def local_state(self) -> dict[str, Any]:
         return {"powersgd": self.hook_state.__getstate__()} if self.hook_state is not None else {}
+
+    def before_resume(self, dry_run: Callable[[], None]) -> None:
+        """PowerSGD's error and P/Q memories are laid out like DDP's buckets, which DDP rebuilds in gradient-ready
+        order after its first backward. A fresh DDP still has the initial layout, so the saved memories would
+        land on the wrong tensors; one throw-away backward (fresh hook state, plain all-reduce; everything it
+        touches is restored afterwards) makes the next forward rebuild the buckets exactly as in the saved run."""
+        if self.hook_state is not None:
+            dry_run()
+            self.optimizer.zero_grad(set_to_none=True)
 
     def load_local_state(self, state: dict[str, Any]) -> None:
         if self.hook_state is not None and "powersgd" in state:

@@ -111,9 +111,9 @@ class SparseCompressor(Compressor):
         assert k2 <= p1.plan.k, f"ds_gravac: multi-level needs k2 <= k1 (k2={k2}, k1={p1.plan.k})"
         m1 = sel.real_count(p1["idx"], p1["val"])
         idx1, val1 = p1["idx"][:m1], p1["val"][:m1]
-        pos = self.select_stage2(val1.float().abs(), k2, plan2, x, ctx) if m1 > k2 else \
+        pos = self.select_stage2(sel.abs_float(val1), k2, plan2, x, ctx) if m1 > k2 else \
             torch.arange(m1, device=val1.device)
-        m = sel.write_entries(out["idx"], out["val"], sel.gather(idx1, pos), sel.gather(val1, pos))
+        m = sel.write_gathered(out["idx"], out["val"], idx1, val1, pos)
         return torch.tensor(m)
 
     def select_stage2(self, a1: Tensor, k2: int, plan2: TensorPlan, x: Tensor, ctx: CompressCtx) -> Tensor:

@@ -53,6 +53,7 @@ class DGC(SparseCompressor):
 
     Params = DGCParams
     owns_state = True
+    owns_optimizer = True   # momentum and weight decay move into the compressor (synchronization.md §3)
 
     def __init__(self, params: Optional[DGCParams] = None) -> None:
         super().__init__(params)

@@ -44,11 +44,6 @@ def flatnonzero(mask: Tensor) -> Tensor:
     return mask.nonzero().squeeze(1)
 
 
-def magnitudes(x: Tensor) -> Tensor:
-    """|x| as a new tensor (numpy's abs has less per-call overhead for the many small tensors)."""
-    return torch.from_numpy(_np.abs(x.numpy())) if on_numpy(x) else x.abs()
-
-
 def count_ge(a: Tensor, thr: float, strict: bool = False) -> int:
     """``#{a >= thr}`` (``> thr`` if strict) without a torch bool temporary on CPU."""
     if on_numpy(a):
@@ -67,7 +62,8 @@ def candidates_with_values(x: Tensor, thr: float, strict: bool = False) -> tuple
 
     NaN never qualifies. On CPU the pass runs in cache-sized chunks with reused scratch (|x|, mask), so the
     only full-size traffic is one read of x, and the values are picked while the chunk is still in cache.
-    (Measured alternatives that lost: a column-max prefilter skipping empty blocks, word-level compaction.)
+    (Measured alternatives that lost: a column-max prefilter skipping empty blocks, word-level compaction,
+    writing into preallocated outputs instead of concatenating.)
     """
     if not on_numpy(x):
         idx = _cmp(x.abs(), thr, strict).nonzero().squeeze(1)
@@ -125,35 +121,51 @@ def _nan_safe_topk(a: Tensor, k: int) -> Tensor:
     return torch.topk(a, k, sorted=False).indices.sort().values
 
 
+def _np_select_at(an: Any, thr: float, k: int) -> Any:
+    """numpy core of :func:`select_at_threshold`; returns None when NaNs leave fewer than k matches."""
+    ge = an >= thr
+    if int(_np.count_nonzero(ge)) == k:
+        return _np.flatnonzero(ge)
+    gt = an > thr                                          # ties at the k-th value: canonical fill
+    need = k - int(_np.count_nonzero(gt))
+    gt[_np.flatnonzero(an == thr)[:max(0, need)]] = True
+    pos = _np.flatnonzero(gt)
+    return pos if pos.size == k else None
+
+
+def _np_topk(an: Any, k: int) -> Any:
+    """Sorted positions of the canonical top-k of the numpy magnitudes ``an`` (NaN counts as largest)."""
+    c = an.size
+    if k >= c:
+        return _np.arange(c)
+    pos = _np_select_at(an, float(_np.partition(an, c - k)[c - k]), k)
+    return pos if pos is not None else _np.sort(_np.argpartition(an, c - k)[c - k:])
+
+
 def select_at_threshold(a: Tensor, thr: float, k: int) -> Tensor:
     """Sorted positions of ``{a > thr}`` plus the lowest-position ``a == thr`` up to exactly k."""
     if on_numpy(a):
-        an = a.numpy()
-        ge = an >= thr
-        if int(_np.count_nonzero(ge)) == k:
-            return torch.from_numpy(_np.flatnonzero(ge))
-        gt = an > thr                                          # ties at the k-th value: canonical fill
-        need = k - int(_np.count_nonzero(gt))
-        gt[_np.flatnonzero(an == thr)[:max(0, need)]] = True
-        pos = torch.from_numpy(_np.flatnonzero(gt))
-    else:
-        ge = a >= thr
-        if int(ge.sum()) == k:
-            return ge.nonzero().squeeze(1)
-        gt = a > thr
-        need = k - int(gt.sum())
-        eq = a == thr
-        pos = (gt | (eq & (eq.cumsum(0) <= need))).nonzero().squeeze(1)
+        pos = _np_select_at(a.numpy(), thr, k)
+        return torch.from_numpy(pos) if pos is not None else _nan_safe_topk(a, k)
+    ge = a >= thr
+    if int(ge.sum()) == k:
+        return ge.nonzero().squeeze(1)
+    gt = a > thr
+    need = k - int(gt.sum())
+    eq = a == thr
+    pos = (gt | (eq & (eq.cumsum(0) <= need))).nonzero().squeeze(1)
     return pos if pos.numel() == k else _nan_safe_topk(a, k)   # a NaN k-th value matches nothing
 
 
 def topk_among(a: Tensor, k: int) -> Tensor:
     """Sorted positions of the canonical top-k of the magnitudes ``a`` (ties: lowest position first)."""
     c = a.numel()
-    if k >= c:
-        return torch.arange(c, device=a.device)
     if k <= 0:
         return torch.empty(0, dtype=torch.long, device=a.device)
+    if on_numpy(a):
+        return torch.from_numpy(_np_topk(a.numpy(), k))
+    if k >= c:
+        return torch.arange(c, device=a.device)
     return select_at_threshold(a, kth_largest(a, k), k)
 
 
@@ -221,7 +233,11 @@ def exact_topk(x: Tensor, k: int, gen: Optional[torch.Generator]) -> tuple[Tenso
     if k >= n:
         return torch.arange(n, device=x.device), x.clone()
     if n < SMALL_N or gen is None or k > n // 4:
-        idx = topk_among(magnitudes(x), k)
+        if on_numpy(x):                        # the many small tensors: one conversion, numpy throughout
+            xn = x.numpy()
+            idx_np = _np_topk(_np.abs(xn), k)
+            return torch.from_numpy(idx_np), torch.from_numpy(xn[idx_np])
+        idx = topk_among(x.abs(), k)
         return idx, gather(x, idx)
     s = sample_size(n, k)
     sample = sample_abs(x, s, gen)
@@ -344,6 +360,20 @@ def write_entries(idx_view: Tensor, val_view: Tensor, idx: Tensor, vals: Tensor)
     return m
 
 
+def write_gathered(idx_view: Tensor, val_view: Tensor, idx: Tensor, vals: Tensor, pos: Tensor) -> int:
+    """``write_entries(idx[pos], vals[pos])`` gathering straight into the payload views (multi-level)."""
+    m = pos.numel()
+    if on_numpy(idx_view) and on_numpy(vals) and val_view.dtype == vals.dtype:
+        iv, vv, pn = idx_view.numpy(), val_view.numpy(), pos.numpy()
+        _np.take(idx.numpy(), pn, out=iv[:m])
+        _np.take(vals.numpy(), pn, out=vv[:m])
+        if m < iv.size:
+            iv[m:] = 0
+            vv[m:] = 0
+        return m
+    return write_entries(idx_view, val_view, gather(idx, pos), gather(vals, pos))
+
+
 def real_count(idx_view: Tensor, val_view: Tensor) -> int:
     """Number of real entries of a sparse payload written by this module (real indices strictly increase).
 
@@ -352,7 +382,19 @@ def real_count(idx_view: Tensor, val_view: Tensor) -> int:
     k = idx_view.numel()
     if k == 0:
         return 0
-    m = 1 + (int((idx_view[1:] > 0).sum()) if k > 1 else 0)
+    if on_numpy(idx_view):
+        iv = idx_view.numpy()
+        m = 1 + int(_np.count_nonzero(iv[1:] > 0))
+    else:
+        m = 1 + int((idx_view[1:] > 0).sum())
     if m == 1 and int(idx_view[0]) == 0 and float(val_view[0]) == 0.0:
         return 0
     return m
+
+
+def abs_float(vals: Tensor) -> Tensor:
+    """|v| as fp32/fp64 (payload values may be fp16), without torch per-op overhead on CPU."""
+    if on_numpy(vals):
+        vn = vals.numpy()
+        return torch.from_numpy(_np.abs(vn if vn.dtype != _np.float16 else vn.astype(_np.float32)))
+    return vals.float().abs()

@@ -57,12 +57,16 @@ class GravacHandle:
         self.controller: Any = None
         self.sync: Optional[Synchronizer] = None
         self._sink: Optional[JsonlSink] = None
+        self._moved_hyperparams: list[tuple[dict, str, Any]] = []
 
     # ---- lifecycle --------------------------------------------------------------------------------------
     def _activate(self, bucket_order: Optional[list[int]] = None) -> None:
         import deepspeed.comm as dist
         eng, cfg = self.engine, self.config
         comp = build_compressor(cfg)
+        if cfg.mode == "gravac" and getattr(comp, "static_only", False):
+            raise GravacConfigError(f"ds_gravac: mode 'gravac' needs a compressor whose CF is adjustable; "
+                                    f"'{cfg.compressor.type}' is static-only (use mode 'static')")
         comp.check_engine(eng)
         world, rank = dist.get_world_size(), dist.get_rank()
         agree = stable_hash(repr((self.config.config_hash(), f"{type(comp).__module__}.{type(comp).__qualname__}",
@@ -101,6 +105,7 @@ class GravacHandle:
         for group in opt.param_groups:
             for key in ("momentum", "weight_decay"):
                 if key in group:
+                    self._moved_hyperparams.append((group, key, group[key]))
                     group[key] = 0.0
         logger.info("ds_gravac: optimizer momentum and weight_decay set to 0; '%s' applies them",
                     self.config.compressor.type)
@@ -118,6 +123,9 @@ class GravacHandle:
             if nonzero:
                 logger.warning("ds_gravac: detach drops non-zero error-feedback residuals")
             self.engine.enable_backward_allreduce = True
+            for group, key, value in self._moved_hyperparams:   # DGC: give momentum/wd back to the optimizer
+                group[key] = value
+            self._moved_hyperparams = []
         if self._sink is not None:
             self._sink.close()
         self.active = False

@@ -3,6 +3,7 @@ fixed order on every rank: ch0 control, ch1 first-round data, ch2 second-round d
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -10,6 +11,10 @@ import torch
 from deepspeed import comm as dist
 
 from ..errors import GravacError
+
+# torch 2.14 deprecates the name all_gather_into_tensor in favour of all_gather_single, but deepspeed.comm (the
+# interface we must use) still calls it; the warning would print on every step of every run.
+warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.* is deprecated", category=FutureWarning)
 
 
 @dataclass

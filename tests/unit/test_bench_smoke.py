@@ -25,7 +25,7 @@ def test_smoke_report(tmp_path: Path) -> None:
     assert data["env"]["torch_threads"] == 1 and data["config"]["smoke"] is True
     assert set(data["sets"]) == {"resnet101", "lstm"}
     for info in data["sets"].values():
-        assert info["numel"] == 100_000 and _is_stat(info["t_pass"])
+        assert info["numel"] == 100_000 and _is_stat(info["t_pass"]) and _is_stat(info["t_pass_out"])
 
     labels = {r["compressor"] for r in data["results"]}
     expected = {n for n in registered_names() if n not in ("none", "topk")}
@@ -34,12 +34,12 @@ def test_smoke_report(tmp_path: Path) -> None:
     assert not [r for r in data["results"] if "error" in r]
     for r in timed:
         for key in ("t_stage", "t_compress", "t_decompress_n2", "t_decompress_n4", "t_residual"):
-            assert _is_stat(r[key]) and r["passes"][key] >= 0
+            assert _is_stat(r[key]) and r["passes"][key] >= 0 and r["passes_out"][key] >= 0
         assert r["payload_bytes"] > 0 and r["gbps_compress"] > 0 and r["wire_cf"] > 1
         assert 0 <= r["real_entries"] <= r["values_sent"]
     for key in ("naive_topk", "sampled_threshold"):
         assert {(r["set"], r["level"]) for r in data[key]} == {(s, c) for s in data["sets"] for c in (10, 100, 1000)}
-        assert all(_is_stat(r["t"]) for r in data[key])
+        assert all(_is_stat(r["t"]) and r["passes_out"] > 0 for r in data[key])
     multi = {(r["set"], r["compressor"]) for r in data["multilevel"]}
     assert ("resnet101", "topk[auto]") in multi and ("lstm", "randomk") in multi
     for r in data["multilevel"]:

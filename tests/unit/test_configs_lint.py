@@ -1,0 +1,78 @@
+"""Every shipped DeepSpeed config states the settings whose defaults bite (deepspeed.md §4, §11, §12)."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import pytest
+
+from ds_gravac.config import parse_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CONFIGS = sorted(glob.glob(os.path.join(ROOT, "ds_configs", "*.json")))
+IDS = [os.path.basename(p) for p in CONFIGS]
+
+
+def _load(path: str) -> dict:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def test_configs_exist() -> None:
+    names = set(IDS)
+    for model in ("resnet101", "vgg16", "lstm"):
+        for kind in ("dense", "topk_10x", "topk_1000x", "dgc_10x", "dgc_1000x", "redsync_10x", "redsync_1000x",
+                     "randomk_10x", "randomk_1000x", "accordion", "gravac_exp", "gravac_geo"):
+            assert f"{model}_{kind}.json" in names
+    assert "gravac_topk.json" in names
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=IDS)
+def test_config_sets_the_required_keys(path: str) -> None:
+    cfg = _load(path)
+    assert "gradient_clipping" in cfg, "DeepSpeed 0.19.8 clips at 1.0 unless gradient_clipping is set"
+    assert cfg.get("zero_optimization", {}).get("stage") == 0
+    assert not (isinstance(cfg.get("wandb"), dict) and cfg["wandb"].get("enabled")), \
+        "DeepSpeed's wandb monitor conflicts with the runner's run"
+    assert "gravac" in cfg
+    parse_config(cfg["gravac"])
+
+
+@pytest.mark.parametrize("path", [p for p in CONFIGS if os.path.basename(p) != "minimal_topk.json"],
+                         ids=[i for i in IDS if i != "minimal_topk.json"])
+def test_runner_config_conventions(path: str) -> None:
+    cfg = _load(path)
+    assert cfg["gradient_clipping"] == 0.0
+    assert cfg["optimizer"]["type"] == "SGD" and cfg["optimizer"]["params"]["momentum"] == 0.9
+    assert cfg["steps_per_print"] >= 100000
+    gravac = parse_config(cfg["gravac"])
+    if gravac.compressor.type == "dgc":
+        assert gravac.min_compress_numel == 0, "DGC applies momentum itself: every tensor must be compressed"
+        assert gravac.compressor.params["momentum"] == cfg["optimizer"]["params"]["momentum"]
+    else:
+        assert gravac.min_compress_numel == 16384
+
+
+def test_paper_hyper_parameters() -> None:
+    """GraVAC Table 1 (gravac.md §10) and the schedule choice documented in ds_configs/README.md."""
+    r101 = _load(os.path.join(ROOT, "ds_configs", "resnet101_dense.json"))
+    assert r101["train_micro_batch_size_per_gpu"] == 32
+    assert r101["optimizer"]["params"] == {"lr": 0.1, "momentum": 0.9, "weight_decay": 1e-4}
+    assert r101["scheduler"] == {"type": "MultiStepLR", "params": {"milestones": [9000, 14000], "gamma": 0.1}}
+    vgg = _load(os.path.join(ROOT, "ds_configs", "vgg16_dense.json"))
+    assert vgg["optimizer"]["params"]["weight_decay"] == 5e-4 and "scheduler" not in vgg
+    lstm = _load(os.path.join(ROOT, "ds_configs", "lstm_dense.json"))
+    assert lstm["train_micro_batch_size_per_gpu"] == 20 and "scheduler" not in lstm
+    exp = parse_config(_load(os.path.join(ROOT, "ds_configs", "resnet101_gravac_exp.json"))["gravac"])
+    assert (exp.theta_min, exp.theta_max, exp.epsilon, exp.window, exp.scaling_policy) == \
+        (10, 1000, 0.7, 500, "exponential")
+    geo = parse_config(_load(os.path.join(ROOT, "ds_configs", "resnet101_gravac_geo.json"))["gravac"])
+    assert (geo.theta_max, geo.window, geo.scaling_policy) == (2000, 2000, "geometric")
+
+
+def test_readme_lists_every_config() -> None:
+    with open(os.path.join(ROOT, "ds_configs", "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    missing = [name for name in IDS if f"`{name}`" not in text]
+    assert not missing, missing
