@@ -36,7 +36,8 @@ def test_dense_and_none_bitwise_equal_to_deepspeed(bf16: bool) -> None:
             got = rank_result[name]
             assert got["flag"] is False, "ds_gravac must own gradient averaging"
             assert got["steps"] == 4
-            assert got["stats"]["bytes_sent"] > 0 and got["stats"]["branch"] == "dense"
+            assert got["stats"]["bytes_sent"] == got["stats"]["dense_bytes"] * (0.5 if bf16 else 1.0)
+            assert got["stats"]["cf"] == 1.0 and (name == "none" or got["stats"]["branch"] == "dense")
             for key, value in ref.items():
                 assert torch.equal(value, got["params"][key]), f"{name}: {key} differs from DeepSpeed"
     # replicas identical, and training moved the weights (the comparison is not vacuous)
