@@ -157,8 +157,10 @@ def plots(results: dict[str, Any], outdir: Path) -> list[str]:
     comp = [s["step_time"]["compute"] or 0 for s in results["systems"]]
     codec = [s["step_time"]["codec"] or 0 for s in results["systems"]]
     comm = [s["step_time"]["comm_exposed"] or 0 for s in results["systems"]]
+    opaque = [(s["step_time"]["median"] or 0) if s["step_time"]["compute"] is None else 0 for s in results["systems"]]
     ax.bar(xs, comp, label="compute"), ax.bar(xs, codec, bottom=comp, label="codec")
     ax.bar(xs, comm, bottom=[a + b for a, b in zip(comp, codec)], label="exposed comm")
+    ax.bar(xs, opaque, color="0.6", label="step (no breakdown: DeepSpeed/DDP)")
     ax.set_xticks(list(xs)), ax.set_xticklabels(ids, rotation=45, ha="right", fontsize=7)
     ax.set_ylabel("seconds per step (median)"), ax.legend(), fig.tight_layout()
     fig.savefig(outdir / "step_breakdown.png", dpi=110), plt.close(fig)

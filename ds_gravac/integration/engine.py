@@ -29,6 +29,19 @@ def _version() -> str:
     return __version__
 
 
+NOT_YET = {"selection": ("cost_model", "the cost-model planner (synchronization.md §7.2) is not implemented yet; "
+                                      "use selection 'threshold' with min_compress_numel"),
+           "decision_source": ("rank0", "rank-0 decision broadcast is not implemented yet; the default 'allreduce' "
+                                        "already gives every rank identical decisions")}
+
+
+def reject_unimplemented(config: GravacConfig) -> None:
+    """Settings the schema accepts but this version cannot honour fail loudly instead of being ignored."""
+    for key, (value, why) in NOT_YET.items():
+        if getattr(config, key) == value:
+            raise GravacUnsupportedError(f"ds_gravac: {key} '{value}': {why}")
+
+
 def build_compressor(config: GravacConfig) -> Compressor:
     """Look up the compressor and validate its parameters (after plug-ins registered)."""
     cls = lookup(config.compressor.type)
@@ -184,6 +197,7 @@ def attach(engine: Any, config: Union[Mapping[str, Any], GravacConfig, None] = N
     cfg = parse_config(section)
     handle = GravacHandle(engine, cfg, section)
     if cfg.enabled:
+        reject_unimplemented(cfg)
         validate_engine(engine)
         if not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1:
             build_compressor(cfg)   # still report config errors

@@ -135,6 +135,11 @@ class Synchronizer:
             prop = prop.to(torch.int64).reshape(size).clone()
             broadcast(prop, 0, self.channels.control)
             self.controller.accept(step, prop)
+        interval = self.config.agreement_check_interval
+        checksum = getattr(self.controller, "state_checksum", None)
+        if interval and checksum is not None and step % interval == 0:
+            check_agreement(int(checksum()), self.channels.control,
+                            f"ranks hold different controller states at step {step} (agreement_check_interval)")
         decision = self.controller.decide(step, lr, force_dense=not self.plan.frozen)
         probes = tuple(float(self.comp.realize_cf(p)) for p in decision.probe_levels)
         self.ctx = StepContext(step=step, decision=decision, probes=probes, actions=self._actions(decision, step),

@@ -26,6 +26,10 @@ ENGINE_CASES = {
     "deepcompile": ({"compile": {"deepcompile": True}}, None, "DeepCompile/ZenFlow are not supported"),
     "unmanaged": ({"managed_gradient_accumulation": False}, None, "managed_gradient_accumulation is false"),
 }
+UNIMPLEMENTED_CASES = {
+    "cost_model": ({"mode": "static", "selection": "cost_model"}, "selection 'cost_model'"),
+    "rank0_decisions": ({"decision_source": "rank0"}, "decision_source 'rank0'"),
+}
 BUILT_CASES = {"pipeline": "pipeline parallelism is not supported", "moe": "MoE layers are not supported"}
 CONFIG_CASES = {
     "unknown_key": ({"windw": 5}, "Extra inputs are not permitted"),
@@ -68,6 +72,15 @@ def _attach_errors(rank: int, world: int) -> dict:
             out[name] = ("no error", None)
         except ds_gravac.GravacUnsupportedError as exc:
             out[name] = (str(exc), engine.enable_backward_allreduce == before)
+    for name, (section, _) in UNIMPLEMENTED_CASES.items():
+        model = M.make_model()
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=M.ds_config())
+        try:
+            ds_gravac.attach(engine, section)
+            out[name] = ("no error", None)
+        except ds_gravac.GravacUnsupportedError as exc:
+            out[name] = (str(exc), engine.enable_backward_allreduce)
+    out["agreement"] = _diverged_controller(rank)
     for name, (section, _) in CONFIG_CASES.items():
         model = M.make_model()
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=M.ds_config())
@@ -93,6 +106,22 @@ def _attach_errors(rank: int, world: int) -> dict:
     except ds_gravac.GravacConfigError as exc:
         out["reattach_different"] = (str(exc), None)
     return out
+
+
+def _diverged_controller(rank: int) -> tuple:
+    """agreement_check_interval: a controller state that differs across ranks is caught on every rank."""
+    import ds_gravac
+    model = M.make_model()
+    engine, *_ = ds_gravac.initialize(model=model, model_parameters=model.parameters(), config=M.ds_config(
+        {"mode": "gravac", "agreement_check_interval": 1, "min_compress_numel": 1000}))
+    M.train(engine, rank, 2)
+    if rank == 1:
+        ds_gravac.get_handle(engine).controller.theta_min = 11.0
+    try:
+        M.train(engine, rank, 1, start=2)
+        return ("no error", None)
+    except Exception as exc:   # raised from inside backward's hook on every rank
+        return (str(exc), None)
 
 
 @pytest.fixture(scope="module")
@@ -121,6 +150,17 @@ def test_bad_config_rejected(attach_results: dict, case: str) -> None:
     assert message.startswith("ds_gravac: ")
     assert CONFIG_CASES[case][1] in message
     assert flag is True
+
+
+@pytest.mark.parametrize("case", sorted(UNIMPLEMENTED_CASES))
+def test_unimplemented_settings_fail_loudly(attach_results: dict, case: str) -> None:
+    message, flag = attach_results[case]
+    assert message.startswith("ds_gravac: " + UNIMPLEMENTED_CASES[case][1])
+    assert flag is True
+
+
+def test_agreement_check_catches_diverged_controller(attach_results: dict) -> None:
+    assert "ranks hold different controller states at step 2" in attach_results["agreement"][0]
 
 
 def test_initialize_needs_section_and_attach_is_idempotent(attach_results: dict) -> None:
