@@ -21,6 +21,7 @@ $(STAMP): setup.py constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt -e ".[hf,wandb,bench,test]"
+	$(PY) runners/warm_ops.py
 	@touch $(STAMP)
 
 setup: $(STAMP)

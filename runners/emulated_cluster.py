@@ -65,6 +65,7 @@ class EmulatedCluster:
         self.hub, self.master_addr = f"{netns.prefix(tag)}hub", self.addr(0)
         self.hostfile, self.logdir = self.outdir / f"gvc{tag}.hostfile", self.outdir / f"gvc{tag}-logs"
         self._launches = 0
+        self._ops_warm = False
         self._saved_handlers: dict[int, object] = {}
 
     # -- names --------------------------------------------------------------------------------------------------
@@ -207,6 +208,10 @@ class EmulatedCluster:
                 ) -> list[RankResult]:
         """Run ``<venv>/bin/<kind> <per_rank[i]> --master_addr 10.77.<T>.1 --master_port <port> <tail>`` on rank i."""
         self._launches += 1
+        if not self._ops_warm:     # a cold JIT compile on one pinned core per rank takes minutes (warm_ops.py)
+            subprocess.run([str(VENV_BIN / "python"), "-m", "runners.warm_ops"], cwd=ROOT, check=True,
+                           env={**os.environ, **self.rank_env()}, stdout=subprocess.DEVNULL, timeout=900)
+            self._ops_warm = True
         cmds = [[str(VENV_BIN / kind), *own, "--master_addr", self.master_addr, "--master_port", str(port), *tail]
                 for own in per_rank]
         return self.run_all(cmds, f"{kind}{self._launches}-{os.getpid()}", timeout)

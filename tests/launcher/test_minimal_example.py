@@ -15,8 +15,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def test_minimal_example_under_deepspeed_launcher() -> None:
     deepspeed = os.path.join(os.path.dirname(sys.executable), "deepspeed")
     env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", PYTHONPATH=ROOT)
-    proc = subprocess.run([deepspeed, "--num_gpus", "2", "runners/minimal_example.py", "--deepspeed_config",
-                           "ds_configs/minimal_topk.json", "--steps", "30"], cwd=ROOT, env=env,
+    from harness import free_port
+    cmd = [deepspeed, "--num_gpus", "2", "--master_port", str(free_port()), "runners/minimal_example.py",
+           "--deepspeed_config", "ds_configs/minimal_topk.json", "--steps", "30"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     match = re.search(r"ds_gravac summary: (\d+) optimizer steps, loss ([\d.]+) -> ([\d.]+)", proc.stdout)
