@@ -2,7 +2,9 @@
 
 Every system uses the same runner loop, model, data order, seed and base DeepSpeed config; only the
 synchronization differs. The scaled windows follow the spec: ``window = steps // 10``,
-``refresh_steps = min_sent_steps = window // 5``, Accordion ``interval_steps = steps // 10``.
+``refresh_steps = min_sent_steps = window // 5``, Accordion ``interval_steps = steps // 10``. The GraVAC EWMA is
+scaled with the window (``ewma_alpha = 2 / (window + 1)``, at most 0.5): the spec's default α = N/100 = 0.02 at
+N = 2 has a memory of ~50 steps, longer than a whole 30-step run, so the gains would never leave their seed.
 """
 from __future__ import annotations
 
@@ -30,7 +32,8 @@ def system_matrix(steps: int) -> dict[str, SystemSpec]:
     refresh = max(1, window // 5)
     gravac = {"mode": "gravac", "compressor": "topk", "theta_min": 10, "theta_max": 1000, "epsilon": 0.7,
               "omega": 0.01, "window": window, "refresh_steps": min(refresh, window // 2),
-              "min_sent_steps": refresh, "min_compress_numel": MIN_NUMEL}
+              "min_sent_steps": refresh, "ewma_alpha": round(min(0.5, 2 / (window + 1)), 3),
+              "min_compress_numel": MIN_NUMEL}
     dgc = {"type": "dgc", "params": {"momentum": 0.9}}
     specs = [
         SystemSpec("ds_dense", "deepspeed", None, "DeepSpeed's own all-reduce (after backward)"),

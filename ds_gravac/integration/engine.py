@@ -16,6 +16,7 @@ from ..sync.collectives import Channels, check_agreement
 from ..sync.dense_path import ReduceRule
 from ..sync.synchronizer import Synchronizer
 from ..telemetry.sinks import JsonlSink
+from .shm_buffer import release_shm_buffer
 from .validation import validate_engine
 
 logger = logging.getLogger("ds_gravac")
@@ -85,6 +86,7 @@ class GravacHandle:
         agree = stable_hash(repr((self.config.config_hash(), f"{type(comp).__module__}.{type(comp).__qualname__}",
                                   _version(), world)))
         check_agreement(agree, None, "the 'gravac' config differs across ranks")
+        release_shm_buffer(rank)    # every rank has mapped the peers' buffers by now (shm_buffer.py)
         self.compressor = comp
         self.channels = Channels.create()
         self.controller = build_controller(cfg)
@@ -201,6 +203,7 @@ def attach(engine: Any, config: Union[Mapping[str, Any], GravacConfig, None] = N
         validate_engine(engine)
         if not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1:
             build_compressor(cfg)   # still report config errors
+            release_shm_buffer(0)   # a single rank maps no peer's buffer
             logger.warning("ds_gravac: world size 1: nothing to communicate; ds_gravac stays passive")
         else:
             handle._activate()

@@ -10,6 +10,7 @@ import io
 import os
 import socket
 import traceback
+from pathlib import Path
 from typing import Any, Callable
 
 import torch.multiprocessing as mp
@@ -70,6 +71,14 @@ def run_ranks(fn: Callable[..., Any], world_size: int = 2, *args: Any, timeout: 
             p.join(timeout=5 if not errors else 1)
             if p.is_alive():
                 p.kill()
+        remove_shm_buffers(port, world_size)
     if errors:
         raise RuntimeError("\n".join(errors))
     return [results[r] for r in range(world_size)]
+
+
+def remove_shm_buffers(port: int, world_size: int) -> None:
+    """DeepSpeed's CPU comm op leaks a ~69 MB /dev/shm buffer per rank and port (ds_gravac/integration/shm_buffer.py);
+    ranks that never reached ``attach`` (error tests) leave theirs behind, so the harness removes them."""
+    for rank in range(world_size):
+        Path(f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_{port}_{rank}").unlink(missing_ok=True)

@@ -1,0 +1,36 @@
+"""Suite-wide hygiene: DeepSpeed's CPU comm op leaves a ~69 MB /dev/shm buffer per rank for every single-node
+launch on a new port (ds_gravac/integration/shm_buffer.py). Launches that fail before ``ds_gravac.attach``
+releases the name would fill the RAM-backed tmpfs over a full suite, so after each test the buffers it created
+and no live process maps are removed."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+SHM_DIR = Path("/dev/shm")
+PATTERN = "deepspeed_allreduce_buffer_*"
+
+
+def _mapped_names() -> set[str]:
+    names: set[str] = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            names.update(line.rsplit("/", 1)[-1].split(" ")[0] for line in maps.read_text().splitlines()
+                         if "deepspeed_allreduce_buffer" in line)
+        except OSError:
+            continue
+    return names
+
+
+@pytest.fixture(autouse=True)
+def _remove_leaked_shm_buffers() -> Iterator[None]:
+    before = {p.name for p in SHM_DIR.glob(PATTERN)}
+    yield
+    new = [p for p in SHM_DIR.glob(PATTERN) if p.name not in before]
+    if new:
+        mapped = _mapped_names()
+        for path in new:
+            if path.name not in mapped:
+                path.unlink(missing_ok=True)
