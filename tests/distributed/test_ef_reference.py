@@ -1,0 +1,79 @@
+"""Static Top-k with error feedback follows an independent float64 simulation of EF-Top-k momentum SGD.
+
+The reference never touches ds_gravac: per rank it computes the gradient on that rank's batch, adds the rank's
+residual, keeps the ceil(n/θ) largest magnitudes of every tensor with at least ``min_compress_numel`` elements
+(smaller tensors go dense, no residual), averages over ranks and applies torch.optim.SGD's momentum/weight-decay
+rule. The first step is the dense discovery step (synchronization.md §4).
+"""
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+import models as M
+from harness import run_ranks
+
+CF, MIN_NUMEL, STEPS, LR, MOMENTUM, WD = 10, 1000, 12, 0.05, 0.9, 1e-4
+
+
+def _job(rank: int, world: int) -> dict:
+    import ds_gravac
+    model = M.make_model()
+    gravac = {"mode": "static", "compressor": "topk", "cf": CF, "min_compress_numel": MIN_NUMEL}
+    engine, *_ = ds_gravac.initialize(model=model, model_parameters=model.parameters(),
+                                      config=M.ds_config(gravac, lr=LR))
+    M.train(engine, rank, STEPS)
+    branches = [r["branch"] for r in ds_gravac.get_handle(engine).pop_stats()]
+    return {"params": M.params_of(engine), "branches": branches}
+
+
+def _reference(world: int) -> dict[str, torch.Tensor]:
+    model = M.make_model().double()
+    names = [n for n, _ in model.named_parameters() if not n.startswith("unused")]
+    params = dict(model.named_parameters())
+    residual = {(r, n): torch.zeros_like(params[n]) for r in range(world) for n in names}
+    momentum: dict[str, torch.Tensor] = {}
+    for step in range(STEPS):
+        avg = {n: torch.zeros_like(params[n]) for n in names}
+        for rank in range(world):
+            model.zero_grad()
+            x, y = M.batch(rank, step)
+            torch.nn.functional.cross_entropy(model(x.double()), y).backward()
+            for n in names:
+                grad = params[n].grad.detach().clone()
+                if step > 0 and grad.numel() >= MIN_NUMEL:
+                    acc = grad + residual[rank, n]
+                    k = math.ceil(acc.numel() / CF)
+                    keep = torch.zeros(acc.numel(), dtype=torch.bool)
+                    keep[acc.flatten().abs().topk(k).indices] = True
+                    sent = torch.where(keep.view_as(acc), acc, torch.zeros_like(acc))
+                    residual[rank, n] = acc - sent
+                    grad = sent
+                avg[n] += grad / world
+        with torch.no_grad():
+            for n in names:
+                d = avg[n] + WD * params[n]
+                momentum[n] = d.clone() if n not in momentum else MOMENTUM * momentum[n] + d
+                params[n] -= LR * momentum[n]
+    return {n: params[n].detach() for n in names}
+
+
+@pytest.fixture(scope="module")
+def trained() -> list:
+    return run_ranks(_job, 2)
+
+
+def test_topk_error_feedback_matches_float64_reference(trained: list) -> None:
+    ref = _reference(2)
+    start = M.params_of_model(M.make_model())
+    for res in trained:
+        assert res["branches"][0] == "dense" and set(res["branches"][1:]) == {"cand"}, res["branches"]
+        for name, want in ref.items():
+            got = res["params"][name].double()
+            moved = (want - start[name].double()).norm()
+            assert moved > 0
+            err = (got - want).norm() / moved
+            assert err < 1e-4, (name, float(err))
