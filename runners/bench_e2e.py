@@ -69,7 +69,7 @@ def run_local(script: str, args: list[str], ddp: bool, port: int, timeout: float
 
 
 def run_matrix(opts: argparse.Namespace) -> Path:
-    matrix = system_matrix(opts.steps)
+    matrix = system_matrix(opts.steps, epsilon=opts.epsilon)
     ids = list(SMOKE_SYSTEMS if opts.smoke else (opts.systems.split(",") if opts.systems else matrix))
     unknown = [i for i in ids if i not in matrix]
     if unknown:
@@ -141,6 +141,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     run.add_argument("--systems", default=None, help=f"comma list (default: all); quick set: {','.join(QUICK_SYSTEMS)}")
     run.add_argument("--micro-batch", type=int, default=None)
     run.add_argument("--lr", type=float, default=0.001, help="override the base config's lr (None: keep)")
+    run.add_argument("--epsilon", type=float, default=0.7, help="GraVAC's ε for the gv_gravac* systems")
     run.add_argument("--tag", type=int, default=3)
     run.add_argument("--timeout", type=float, default=3600.0, help="seconds per system")
     run.add_argument("--out", default=None)

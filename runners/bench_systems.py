@@ -27,10 +27,10 @@ def _static(compressor: Any, cf: float, min_numel: int = MIN_NUMEL) -> dict[str,
     return {"mode": "static", "compressor": compressor, "cf": cf, "min_compress_numel": min_numel}
 
 
-def system_matrix(steps: int) -> dict[str, SystemSpec]:
+def system_matrix(steps: int, epsilon: float = 0.7) -> dict[str, SystemSpec]:
     window = max(2, steps // 10)
     refresh = max(1, window // 5)
-    gravac = {"mode": "gravac", "compressor": "topk", "theta_min": 10, "theta_max": 1000, "epsilon": 0.7,
+    gravac = {"mode": "gravac", "compressor": "topk", "theta_min": 10, "theta_max": 1000, "epsilon": epsilon,
               "omega": 0.01, "window": window, "refresh_steps": min(refresh, window // 2),
               "min_sent_steps": refresh, "ewma_alpha": round(min(0.5, 2 / (window + 1)), 3),
               "min_compress_numel": MIN_NUMEL}

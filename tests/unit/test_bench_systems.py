@@ -1,0 +1,20 @@
+"""The benchmark matrix scales GraVAC's window and EWMA with the step budget and validates as real configs."""
+from __future__ import annotations
+
+import pytest
+
+from ds_gravac.config import parse_config
+from runners.bench_systems import system_matrix
+
+
+@pytest.mark.parametrize("steps,window,alpha", [(30, 3, 0.5), (40, 4, 0.4), (300, 30, 0.065)])
+def test_scaled_window_and_alpha(steps: int, window: int, alpha: float) -> None:
+    gravac = system_matrix(steps, epsilon=0.5)["gv_gravac"].gravac
+    assert gravac["window"] == window and gravac["epsilon"] == 0.5
+    assert gravac["ewma_alpha"] == pytest.approx(alpha, abs=1e-3)
+
+
+def test_every_gravac_section_is_a_valid_config() -> None:
+    for spec in system_matrix(30).values():
+        if spec.gravac is not None:
+            parse_config(spec.gravac)
