@@ -54,7 +54,7 @@ def runner_args(spec: SystemSpec, model: str, steps: int, cfg_path: Path, log_di
         args += ["--model", model]
     if micro_batch:
         args += ["--micro-batch", str(micro_batch)]
-    return args
+    return args + list(spec.runner_args)
 
 
 def run_local(script: str, args: list[str], ddp: bool, port: int, timeout: float, log: Path) -> int:

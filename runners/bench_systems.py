@@ -21,6 +21,7 @@ class SystemSpec:
     system: str                    # runner --system: gravac | deepspeed | ddp | ddp_powersgd
     gravac: Optional[dict[str, Any]]
     note: str = ""
+    runner_args: tuple[str, ...] = ()   # extra runner options (e.g. the PowerSGD rank)
 
 
 def _static(compressor: Any, cf: float, min_numel: int = MIN_NUMEL) -> dict[str, Any]:
@@ -39,7 +40,10 @@ def system_matrix(steps: int, epsilon: float = 0.7) -> dict[str, SystemSpec]:
         SystemSpec("ds_dense", "deepspeed", None, "DeepSpeed's own all-reduce (after backward)"),
         SystemSpec("gv_dense", "gravac", {"mode": "dense"}, "ds_gravac dense: bucketed, overlapped"),
         SystemSpec("ddp_dense", "ddp", None, "PyTorch DDP, 25 MB buckets"),
-        SystemSpec("ddp_powersgd", "ddp_powersgd", None, "DDP + powerSGD_hook rank 4"),
+        SystemSpec("ddp_powersgd", "ddp_powersgd", None, "DDP + powerSGD_hook rank 4 (bucket-serialized)",
+                   ("--powersgd-rank", "4")),
+        SystemSpec("ddp_powersgd_r1", "ddp_powersgd", None, "DDP + powerSGD_hook rank 1 (bucket-serialized)",
+                   ("--powersgd-rank", "1")),
         *[SystemSpec(f"gv_topk_{cf}", "gravac", _static("topk", cf)) for cf in (10, 100, 1000)],
         *[SystemSpec(f"gv_dgc_{cf}", "gravac", _static(dgc, cf, 0)) for cf in (10, 100, 1000)],
         SystemSpec("gv_accordion_topk", "gravac",

@@ -47,6 +47,8 @@ def base_parser(description: str) -> argparse.ArgumentParser:
                    help="gravac: ds_gravac.initialize; deepspeed: deepspeed.initialize on the same config without "
                         "its 'gravac' section; ddp / ddp_powersgd: torch DDP (gloo, 25 MB buckets), optimizer and "
                         "LR schedule from the config")
+    p.add_argument("--powersgd-rank", type=int, default=4,
+                   help="ddp_powersgd: matrix_approximation_rank of torch's powerSGD_hook (benchmarks.md: 4; also 1)")
     p.add_argument("--steps", type=int, default=100, help="train until this many optimizer steps (also on resume)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--micro-batch", type=int, default=None,
@@ -78,6 +80,8 @@ def finish_parser(parser: argparse.ArgumentParser, argv: Optional[list[str]] = N
         parser.error("--deepspeed_config is required (the single source of batch, optimizer and schedule)")
     if args.save_every and not args.save_dir:
         parser.error("--save-every needs --save-dir")
+    if args.powersgd_rank < 1:
+        parser.error(f"--powersgd-rank must be >= 1, got {args.powersgd_rank}")
     if args.run_name is None:
         stem = os.path.splitext(os.path.basename(args.deepspeed_config))[0]
         args.run_name = f"{args.model}-{args.system}-{stem}-s{args.seed}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -155,9 +155,10 @@ def step_record(task: Task, system: System, dist: DistInfo, losses: list[float],
                            "lr": system.lr(), "time/step": step_time, "samples_per_s": samples / step_time}
     if task.tokens_per_micro_batch:
         rec["tokens_per_s"] = dist.world_size * task.tokens_per_micro_batch * len(losses) / step_time
-    dense = system.dense_bytes()
-    if dense is not None:
-        rec.update({"bytes_sent": dense, "dense_bytes": dense, "comm/bytes_sent": dense,
+    logical = system.logical_bytes()
+    if logical is not None:
+        sent, dense = logical
+        rec.update({"bytes_sent": sent, "dense_bytes": dense, "comm/bytes_sent": sent,
                     "comm/bytes_dense_equiv": dense})
     rec.update(sync_fields(system.pop_records(), step_time))
     return rec

@@ -4,7 +4,8 @@ which one runs (benchmarks.md §3: same model init, data order and optimizer for
 * ``gravac``       – ``ds_gravac.initialize`` on the config (its ``"gravac"`` section drives compression);
 * ``deepspeed``    – plain ``deepspeed.initialize`` on the same config without the ``"gravac"`` section;
 * ``ddp``          – torch DDP (gloo on CPU, 25 MB buckets), optimizer and LR schedule built from the config;
-* ``ddp_powersgd`` – the same plus torch's ``powerSGD_hook`` (rank 4, start at iteration 10).
+* ``ddp_powersgd`` – the same plus torch's ``powerSGD_hook`` (rank ``--powersgd-rank``, default 4, start at
+  iteration 10), serialized bucket by bucket so it runs on gloo (:mod:`runners.ddp_hooks`).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from torch import nn
 from .common import DistInfo, RunnerError, without_gravac
 
 DDP_BUCKET_CAP_MB = 25
-POWERSGD = dict(matrix_approximation_rank=4, start_powerSGD_iter=10, min_compression_rate=2,
+POWERSGD = dict(start_powerSGD_iter=10, min_compression_rate=2,
                 use_error_feedback=True, warm_start=True, orthogonalization_epsilon=1e-8, random_seed=0)
 DEEPSPEED_CLIP_DEFAULT = 1.0     # GRADIENT_CLIPPING_DEFAULT in DeepSpeed 0.19.8 (deepspeed.md §4)
 
@@ -70,6 +71,12 @@ class System:
     def dense_bytes(self) -> Optional[float]:
         """Bytes per step per rank for systems that all-reduce everything dense (None if not dense)."""
         return None
+
+    def logical_bytes(self) -> Optional[tuple[float, float]]:
+        """(bytes sent, dense-equivalent bytes) per rank for the last step, for systems whose library does not
+        report them itself (ds_gravac does, through its telemetry); None when unknown."""
+        dense = self.dense_bytes()
+        return None if dense is None else (dense, dense)
 
     def save(self, save_dir: str, tag: str, client_state: dict[str, Any]) -> None:
         raise NotImplementedError
@@ -145,7 +152,8 @@ class DDPSystem(System):
     """torch DDP with DeepSpeed's semantics for what the config controls: loss divided by the accumulation
     steps, clipping at ``gradient_clipping`` (default 1.0 as in DeepSpeed), scheduler stepped per optimizer step."""
 
-    def __init__(self, name: str, model: nn.Module, cfg: dict[str, Any], dist: DistInfo, powersgd: bool) -> None:
+    def __init__(self, name: str, model: nn.Module, cfg: dict[str, Any], dist: DistInfo,
+                 powersgd_rank: Optional[int] = None) -> None:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         from .common import device
@@ -159,14 +167,20 @@ class DDPSystem(System):
         self.gas = int(cfg.get("gradient_accumulation_steps", 1))
         self.clip = float(cfg.get("gradient_clipping", DEEPSPEED_CLIP_DEFAULT))
         self._global_steps, self.micro_steps = 0, 0
-        self._dense = None if powersgd else dense_ring_bytes(self.module, dist.world_size)
-        self.hook_state = self._register_powersgd() if powersgd else None
+        powersgd = powersgd_rank is not None
+        self._ring = dense_ring_bytes(self.module, dist.world_size)
+        self._dense = None if powersgd else self._ring
+        self._ring_per_value = 2.0 * (dist.world_size - 1) / dist.world_size * 4   # fp32 ring all-reduce
+        self._numel_after = 0      # PowerSGD's running count of values it all-reduced (factors + uncompressed)
+        self.hook_state = self._register_powersgd(powersgd_rank) if powersgd else None
 
-    def _register_powersgd(self) -> Any:
+    def _register_powersgd(self, rank: int) -> Any:
         from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ps
 
-        state = ps.PowerSGDState(process_group=None, **POWERSGD)
-        self.ddp.register_comm_hook(state, ps.powerSGD_hook)
+        from .ddp_hooks import serialized
+
+        state = ps.PowerSGDState(process_group=None, matrix_approximation_rank=rank, **POWERSGD)
+        self.ddp.register_comm_hook(state, serialized(ps.powerSGD_hook))
         return state
 
     def _boundary(self) -> bool:
@@ -204,6 +218,16 @@ class DDPSystem(System):
 
     def dense_bytes(self) -> Optional[float]:
         return self._dense
+
+    def logical_bytes(self) -> Optional[tuple[float, float]]:
+        """PowerSGD: the ring formula applied to the values its all-reduces carried this step (P and Q factors
+        plus the uncompressed tensors, from the hook's own counters; benchmarks.md §3); dense before
+        ``start_powerSGD_iter``, when the hook runs a vanilla all-reduce and counts nothing."""
+        if self.hook_state is None:
+            return super().logical_bytes()
+        total = int(self.hook_state.total_numel_after_compression)
+        sent, self._numel_after = total - self._numel_after, total
+        return (sent * self._ring_per_value if sent > 0 else self._ring, self._ring)
 
     def save(self, save_dir: str, tag: str, client_state: dict[str, Any]) -> None:
         """Replicated state only (rank 0 writes, as DeepSpeed does with ZeRO-0); per-rank state goes through
@@ -252,6 +276,7 @@ class DDPSystem(System):
         if self.hook_state is not None and "powersgd" in state:
             for key, value in state["powersgd"].items():
                 setattr(self.hook_state, key, value)
+            self._numel_after = int(self.hook_state.total_numel_after_compression)
 
 
 def read_latest_tag(save_dir: str) -> str:
@@ -312,7 +337,8 @@ def _engine_args(args: argparse.Namespace) -> argparse.Namespace:
 def build_system(args: argparse.Namespace, cfg: dict[str, Any], model: nn.Module, dist: DistInfo) -> System:
     """One of the four systems around ``model`` (already initialised identically on every rank)."""
     if args.system in ("ddp", "ddp_powersgd"):
-        return DDPSystem(args.system, model, cfg, dist, powersgd=args.system == "ddp_powersgd")
+        rank = getattr(args, "powersgd_rank", 4) if args.system == "ddp_powersgd" else None
+        return DDPSystem(args.system, model, cfg, dist, powersgd_rank=rank)
     if args.system == "deepspeed":
         import deepspeed
 

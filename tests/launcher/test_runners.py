@@ -203,14 +203,32 @@ def test_plain_deepspeed_shares_the_loop(work: dict, full: dict, tmp_path: Any) 
     assert all(k in records[0] for k in ("loss", "lr", "time/step", "samples_per_s", "bytes_sent"))
 
 
+def _powersgd_values(rank: int) -> tuple[float, float]:
+    """Ring all-reduce bytes per rank (N = 2) for tiny_cnn dense, and for the values PowerSGD sends: per
+    parameter viewed as shape[0] x rest, factors (n + m)·r when that is < n·m / 2 (min_compression_rate 2)."""
+    from runners.models import build_model
+
+    dense = factors = 0
+    for p in build_model("tiny_cnn").parameters():
+        n = p.shape[0]
+        m = p.numel() // n
+        r = min(n, m, rank)
+        dense += p.numel()
+        factors += (n + m) * r if (n + m) * r * 2 < n * m else p.numel()
+    return dense * 4.0, factors * 4.0      # 2(N-1)/N = 1 at N = 2
+
+
 def test_ddp_powersgd_runs_and_resumes_exactly(work: dict, full: dict, tmp_path: Any) -> None:
     """PowerSGD starts at iteration 10; its error memory follows DDP's rebuilt bucket layout across a resume."""
     common = [CIFAR, "--deepspeed_config", work["config"], "--micro-batch", "8", "--system", "ddp_powersgd",
               "--no-wandb", "--eval-every", "-1"] + TINY_CIFAR
     whole = launch(common + ["--steps", "13", "--save-dir", str(tmp_path / "c"), "--log-dir", str(tmp_path / "lc")])
     assert "== train_cifar summary: system ddp_powersgd, model tiny_cnn" in whole.stdout
-    first = _jsonl(str(tmp_path / "lc" / "steps.jsonl"))[0]
-    assert first["loss"] == _jsonl(os.path.join(full["dir"], "log", "steps.jsonl"))[0]["loss"]
+    records = _jsonl(str(tmp_path / "lc" / "steps.jsonl"))
+    assert records[0]["loss"] == _jsonl(os.path.join(full["dir"], "log", "steps.jsonl"))[0]["loss"]
+    ring, factors = _powersgd_values(rank=4)
+    assert all(r["bytes_sent"] == r["dense_bytes"] == ring for r in records[:10]), "vanilla all-reduce first"
+    assert records[-1]["bytes_sent"] == pytest.approx(factors) and factors < ring / 2
     launch(common + ["--steps", "11", "--save-dir", str(tmp_path / "a"), "--log-dir", str(tmp_path / "la")])
     launch(common + ["--steps", "13", "--resume", str(tmp_path / "a"), "--save-dir", str(tmp_path / "b"),
                      "--log-dir", str(tmp_path / "lb")])

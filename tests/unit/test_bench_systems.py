@@ -18,3 +18,15 @@ def test_every_gravac_section_is_a_valid_config() -> None:
     for spec in system_matrix(30).values():
         if spec.gravac is not None:
             parse_config(spec.gravac)
+
+
+def test_powersgd_rows_run_both_ranks_through_the_runner_option() -> None:
+    from pathlib import Path
+
+    from runners.bench_e2e import runner_args
+
+    matrix = system_matrix(30)
+    for sid, rank in (("ddp_powersgd", "4"), ("ddp_powersgd_r1", "1")):
+        args = runner_args(matrix[sid], "resnet18", 30, Path("c.json"), Path("log"), None)
+        assert args[args.index("--system") + 1] == "ddp_powersgd"
+        assert args[args.index("--powersgd-rank") + 1] == rank
