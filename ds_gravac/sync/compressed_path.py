@@ -63,6 +63,10 @@ class CompressedBucket:
         self.external_ef = error_feedback and not compressor.owns_state
         self.residual = torch.zeros(m, dtype=torch.float32, device=device) if self.external_ef else None
         self.out = torch.zeros(m, dtype=torch.float32, device=device)
+        # ``out`` is rewritten only by the next decode, after that step's gradients were staged, and DeepSpeed
+        # drops p.grad (set to None) after each step, so fp32 contiguous p.grad can simply be views of ``out``
+        # (the idea of DDP's gradient_as_bucket_view); ``staging`` cannot: EF swaps it with the residual.
+        self._can_alias = [mem.param.dtype == torch.float32 and mem.param.is_contiguous() for mem in bucket.members]
         self.ctxs = [ctx_factory(mem) for mem in bucket.members]
         self.inputs: list[torch.Tensor] = []
         self._layouts: dict[tuple[float, ...], SendLayout] = {}
@@ -230,7 +234,11 @@ class CompressedBucket:
                 self._decode_gathered(lay, scale, bulk)
         t1 = time.perf_counter()
         for i, mem in enumerate(self.bucket.members):
-            mem.param.grad.copy_(self._seg(src, i).view_as(mem.param))
+            seg = self._seg(src, i).view_as(mem.param)
+            if src is self.out and self._can_alias[i]:
+                mem.param.grad = seg      # the decoded gradient *is* p.grad: no write-back pass
+            else:
+                mem.param.grad.copy_(seg)
         self.pending = None
         return waited, t1 - t0, time.perf_counter() - t1
 

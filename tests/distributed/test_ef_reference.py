@@ -26,8 +26,16 @@ def _job(rank: int, world: int) -> dict:
     engine, *_ = ds_gravac.initialize(model=model, model_parameters=model.parameters(),
                                       config=M.ds_config(gravac, lr=LR))
     M.train(engine, rank, STEPS)
-    branches = [r["branch"] for r in ds_gravac.get_handle(engine).pop_stats()]
-    return {"params": M.params_of(engine), "branches": branches}
+    handle = ds_gravac.get_handle(engine)
+    branches = [r["branch"] for r in handle.pop_stats()]
+    params = M.params_of(engine)
+    # one more backward (no step): the decoded gradients are p.grad itself, views of the buckets' outputs
+    x, y = M.batch(rank, STEPS)
+    engine.backward(torch.nn.functional.cross_entropy(engine(x), y))
+    outs = {cb.out.untyped_storage().data_ptr() for cb in handle.sync.cbuckets.values()}
+    aliased = sorted(n for n, p in engine.module.named_parameters()
+                     if p.grad is not None and p.grad.untyped_storage().data_ptr() in outs)
+    return {"params": params, "branches": branches, "aliased": aliased}
 
 
 def _reference(world: int) -> dict[str, torch.Tensor]:
@@ -77,3 +85,13 @@ def test_topk_error_feedback_matches_float64_reference(trained: list) -> None:
             assert moved > 0
             err = (got - want).norm() / moved
             assert err < 1e-4, (name, float(err))
+
+
+def test_compressed_gradients_are_decoded_straight_into_p_grad(trained: list) -> None:
+    """Every tensor compressed at ≥ min_compress_numel gets p.grad as a view of its bucket's decode buffer
+    (no separate write-back pass); the small ones travel in dense buckets and keep their own p.grad."""
+    model = M.make_model()
+    big = sorted(n for n, p in model.named_parameters() if p.numel() >= MIN_NUMEL and not n.startswith("unused"))
+    assert big
+    for res in trained:
+        assert res["aliased"] == big
