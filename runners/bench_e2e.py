@@ -4,6 +4,7 @@
     python runners/bench_e2e.py run --model resnet101 --rate 1gbit --ranks 2 --steps 30
     python runners/bench_e2e.py report bench_results/<dir>
     python runners/bench_e2e.py run --smoke          # no namespaces: 127.0.0.1, tiny model, 3 steps, 2 systems
+    python runners/bench_e2e.py run --ablation topk:100 --rate 1gbit    # dense → no overlap/bulk → +overlap → +bulk
 
 Needs root for the namespaces (runners/emulated_cluster.py). Writes ``<out>/meta.json``, per-system
 ``systems/<id>/steps.jsonl`` and logs, then ``results.json``, ``results.md`` and ``plots/`` (bench_report.py).
@@ -24,7 +25,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from runners.bench_report import report  # noqa: E402
-from runners.bench_systems import QUICK_SYSTEMS, SMOKE_SYSTEMS, SystemSpec, system_config, system_matrix  # noqa: E402
+from runners.bench_systems import (QUICK_SYSTEMS, SMOKE_SYSTEMS, SystemSpec, ablation_ladder,  # noqa: E402
+                                   system_config, system_matrix)
 
 VENV_BIN = Path(sys.executable).parent
 SCRIPTS = {"lstm": "runners/train_ptb.py"}
@@ -68,8 +70,23 @@ def run_local(script: str, args: list[str], ddp: bool, port: int, timeout: float
                               timeout=timeout).returncode
 
 
+def ablation_matrix(value: str) -> dict[str, SystemSpec]:
+    """``--ablation topk:100`` → the ladder for that compressor and CF (sparsifiers with a fixed CF only)."""
+    name, _, cf = value.partition(":")
+    if name not in ("topk", "randomk", "dgc", "redsync", "sidco", "threshold") or not cf:
+        raise SystemExit(f"bench_e2e: --ablation {value!r}: expected <compressor>:<cf> with compressor one of "
+                         "topk, randomk, dgc, redsync, sidco, threshold (e.g. topk:100)")
+    try:
+        factor = float(cf)
+    except ValueError:
+        factor = 0.0
+    if factor < 1:
+        raise SystemExit(f"bench_e2e: --ablation {value!r}: cf must be a number >= 1")
+    return ablation_ladder(name, factor)
+
+
 def run_matrix(opts: argparse.Namespace) -> Path:
-    matrix = system_matrix(opts.steps, epsilon=opts.epsilon)
+    matrix = ablation_matrix(opts.ablation) if opts.ablation else system_matrix(opts.steps, epsilon=opts.epsilon)
     ids = list(SMOKE_SYSTEMS if opts.smoke else (opts.systems.split(",") if opts.systems else matrix))
     unknown = [i for i in ids if i not in matrix]
     if unknown:
@@ -84,6 +101,7 @@ def run_matrix(opts: argparse.Namespace) -> Path:
         base["optimizer"]["params"]["lr"] = opts.lr
     script = SCRIPTS.get(opts.model, "runners/train_cifar.py")
     meta: dict[str, Any] = {"env": env_block(), "model": opts.model, "N": opts.ranks, "steps": opts.steps,
+                            "ablation": opts.ablation, "epsilon": opts.epsilon,
                             "lr": base["optimizer"]["params"]["lr"], "micro_batch": opts.micro_batch,
                             "network": {"rate": net, "delay": "0"}, "systems": {}}
     cluster = None
@@ -145,6 +163,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     run.add_argument("--lr", type=float, default=None,
                      help="optimizer lr (default: 0.001 for the CNNs, the config's 0.1 for the LSTM)")
     run.add_argument("--epsilon", type=float, default=0.7, help="GraVAC's ε for the gv_gravac* systems")
+    run.add_argument("--ablation", default=None, metavar="COMPRESSOR:CF",
+                     help="run the ablation ladder instead of the matrix: ds_dense, gv_dense, then the compressor "
+                          "without overlap/bulk, +overlap, +bulk (e.g. topk:100)")
     run.add_argument("--tag", type=int, default=3)
     run.add_argument("--timeout", type=float, default=3600.0, help="seconds per system")
     run.add_argument("--out", default=None)

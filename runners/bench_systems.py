@@ -65,5 +65,21 @@ def system_config(base: dict[str, Any], spec: SystemSpec) -> dict[str, Any]:
     return cfg
 
 
+def ablation_ladder(compressor: str, cf: float) -> dict[str, SystemSpec]:
+    """HiPress Fig. 11-style ladder (benchmarks.md §3) for one static compressor: DeepSpeed dense (the reference of
+    every ratio), ds_gravac dense, then the compressor without overlap and without bulk decode, ``+overlap``,
+    ``+bulk``. The spec's last rung, ``selection: "cost_model"``, is refused by this release (README) and left out."""
+    comp: Any = {"type": "dgc", "params": {"momentum": 0.9}} if compressor == "dgc" else compressor
+    base = _static(comp, cf, 0 if compressor == "dgc" else MIN_NUMEL)
+    tag = f"{compressor}_{cf:g}"
+    rungs = [("plain", False, False), ("overlap", True, False), ("overlap_bulk", True, True)]
+    specs = [SystemSpec("ds_dense", "deepspeed", None, "DeepSpeed's own all-reduce (after backward)"),
+             SystemSpec("gv_dense", "gravac", {"mode": "dense"}, "ds_gravac dense: bucketed, overlapped"),
+             *[SystemSpec(f"abl_{tag}_{name}", "gravac", {**base, "overlap": overlap, "bulk": bulk},
+                          f"{compressor} {cf:g}x, overlap {overlap}, bulk decode {bulk}")
+               for name, overlap, bulk in rungs]]
+    return {s.id: s for s in specs}
+
+
 SMOKE_SYSTEMS = ("ds_dense", "gv_topk_100")
 QUICK_SYSTEMS = ("ds_dense", "gv_dense", "ddp_dense", "gv_topk_100", "gv_gravac")

@@ -30,3 +30,25 @@ def test_powersgd_rows_run_both_ranks_through_the_runner_option() -> None:
         args = runner_args(matrix[sid], "resnet18", 30, Path("c.json"), Path("log"), None)
         assert args[args.index("--system") + 1] == "ddp_powersgd"
         assert args[args.index("--powersgd-rank") + 1] == rank
+
+
+def test_ablation_ladder_rungs_differ_only_in_overlap_and_bulk() -> None:
+    from runners.bench_e2e import ablation_matrix
+
+    ladder = ablation_matrix("topk:100")
+    assert list(ladder)[:2] == ["ds_dense", "gv_dense"]
+    rungs = [s.gravac for sid, s in ladder.items() if sid.startswith("abl_")]
+    assert [(g["overlap"], g["bulk"]) for g in rungs] == [(False, False), (True, False), (True, True)]
+    for g in rungs:
+        parse_config(g)
+        assert {k: v for k, v in g.items() if k not in ("overlap", "bulk")} == \
+            {"mode": "static", "compressor": "topk", "cf": 100, "min_compress_numel": 16384}
+    assert ablation_matrix("dgc:10")["abl_dgc_10_plain"].gravac["min_compress_numel"] == 0
+
+
+@pytest.mark.parametrize("bad", ["topk", "powersgd:4", "topk:0.5", "topk:x"])
+def test_ablation_option_rejects_bad_values(bad: str) -> None:
+    from runners.bench_e2e import ablation_matrix
+
+    with pytest.raises(SystemExit, match="--ablation"):
+        ablation_matrix(bad)
