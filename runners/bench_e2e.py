@@ -85,6 +85,31 @@ def ablation_matrix(value: str) -> dict[str, SystemSpec]:
     return ablation_ladder(name, factor)
 
 
+def run_compute_only(script: str, args: list[str], ranks: int, port: int, timeout: float, log_dir: Path) -> int:
+    """``ranks`` single-rank processes at the same time, each pinned to its own core as in the cluster, nothing
+    communicated: the median step of process 0 is T_compute (same model, batch and per-core memory contention
+    as the distributed runs). Processes other than 0 log under ``log_dir/rank<i>`` without wandb."""
+    cores = sorted(os.sched_getaffinity(0))
+    procs = []
+    for r in range(ranks):
+        env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", WANDB_MODE="offline",
+                   PYTHONPATH=str(ROOT), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_SIZE="1",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port + r))
+        extra = [] if r == 0 else ["--log-dir", str(log_dir / f"rank{r}"), "--no-wandb"]
+        cmd = ["taskset", "-c", str(cores[r % len(cores)]), sys.executable, script, *args, *extra]
+        fh = open(log_dir / f"log{'' if r == 0 else r}.txt", "w")
+        procs.append((subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT), fh))
+    codes = []
+    for proc, fh in procs:
+        try:
+            codes.append(proc.wait(timeout=timeout))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            codes.append(-1)
+        fh.close()
+    return max(codes)
+
+
 def run_matrix(opts: argparse.Namespace) -> Path:
     matrix = ablation_matrix(opts.ablation) if opts.ablation else system_matrix(opts.steps, epsilon=opts.epsilon)
     ids = list(SMOKE_SYSTEMS if opts.smoke else (opts.systems.split(",") if opts.systems else matrix))
@@ -123,7 +148,10 @@ def run_matrix(opts: argparse.Namespace) -> Path:
             args = runner_args(spec, opts.model, opts.steps, cfg_path, log_dir, opts.micro_batch)
             ddp = spec.system.startswith("ddp")
             print(f"[bench_e2e] {n + 1}/{len(ids)} {sid} ...", flush=True)
-            rc, veth = _run_one(cluster, script, args, ddp, 29500 + n, opts.timeout, log_dir)
+            if spec.system == "local":
+                rc, veth = run_compute_only(script, args, opts.ranks, 29700 + 10 * n, opts.timeout, log_dir), 0
+            else:
+                rc, veth = _run_one(cluster, script, args, ddp, 29500 + n, opts.timeout, log_dir)
             import hashlib
             meta["systems"][sid] = {"returncode": rc, "veth_bytes": veth, "note": spec.note,
                                     "config_hash": hashlib.sha1(cfg_path.read_bytes()).hexdigest()[:12]}

@@ -73,9 +73,12 @@ def add_comparisons(systems: list[dict], bandwidth_bps: Optional[float]) -> Opti
     target = None
     if ref and ref["smoothed"]:
         target = ref["smoothed"][max(0, int(0.75 * len(ref["smoothed"])) - 1)]
-    compute = (by_id.get("gv_dense") or ref or {}).get("step_time", {}).get("compute")
+    measured = by_id.get("compute_only", {}).get("step_time", {}).get("median")
+    compute = measured if measured is not None else (by_id.get("gv_dense") or ref or {}).get("step_time", {}).get("compute")
     for s in systems:
-        s["time_to_target_s"] = time_to_target(s, target) if target is not None else None
+        # compute_only trains one rank on the whole data stream: its loss is not comparable, only its step time
+        comparable = target is not None and s["id"] != "compute_only"
+        s["time_to_target_s"] = time_to_target(s, target) if comparable else None
         for name, base in (("speedup_vs_ds_dense", by_id.get("ds_dense")), ("speedup_vs_topk10", by_id.get("gv_topk_10"))):
             mine, theirs = s["time_to_target_s"], base.get("time_to_target_s") if base else None
             s[name] = theirs / mine if mine and theirs else None
@@ -84,7 +87,9 @@ def add_comparisons(systems: list[dict], bandwidth_bps: Optional[float]) -> Opti
         comp = (compute or 0.0) + (s["step_time"]["codec"] or 0.0)
         t_bound = max(comp, wire or 0.0) if (compute is not None or wire is not None) else None
         med = s["step_time"]["median"]
-        s["bound"] = {"t_bound": t_bound, "wire_s": wire, "gap": med / t_bound if med and t_bound else None}
+        s["bound"] = {"t_bound": t_bound, "wire_s": wire, "gap": med / t_bound if med and t_bound else None,
+                      "t_compute": compute, "t_compute_measured": measured is not None,
+                      "step_over_compute": med / compute if med and compute else None}
     return target
 
 
@@ -96,13 +101,24 @@ def _fmt(x: Any, digits: int = 2) -> str:
     return str(x)
 
 
+def _compute_line(results: dict[str, Any]) -> str:
+    first = results["systems"][0]["bound"] if results["systems"] else {}
+    if first.get("t_compute_measured"):
+        return (f"Compute-only step T_compute (one single-rank process per core at once, no communication): "
+                f"{_fmt(first.get('t_compute'), 3)} s; bound = max(T_compute + T_codec, bytes / measured rate).")
+    return (f"T_compute (no compute_only run: gv_dense's compute estimate): {_fmt(first.get('t_compute'), 3)} s; "
+            f"bound = max(T_compute + T_codec, bytes / measured rate).")
+
+
 def markdown(results: dict[str, Any]) -> str:
     net = results["network"]
     lines = [f"# {results['model']} — {results['N']} ranks at {net['rate']} (measured all-reduce "
              f"{_fmt(net.get('measured_mbit'), 0)} Mbit/s), {results['steps']} steps",
              "", f"Target loss (ds_dense smoothed at 75% of the budget): {_fmt(results['target_loss'], 4)}", "",
+             _compute_line(results), "",
              "| system | step s (p10–p90) | compute / codec / comm s | bytes/step logical (veth) | time to target s "
-             "| vs ds_dense | vs topk10 | final loss | bound s | gap |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| vs ds_dense | vs topk10 | final loss | bound s | gap | step / compute-only |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in results["systems"]:
         st, b = s["step_time"], s["bytes_per_step"]
         lines.append(
@@ -110,7 +126,7 @@ def markdown(results: dict[str, Any]) -> str:
             f"{_fmt(st['codec'])} / {_fmt(st['comm_exposed'])} | {_fmt((b['logical'] or 0) / 1e6, 2)} MB "
             f"({_fmt((b['veth'] or 0) / 1e6, 2)} MB) | {_fmt(s['time_to_target_s'], 1)} | "
             f"{_fmt(s['speedup_vs_ds_dense'])}x | {_fmt(s['speedup_vs_topk10'])}x | {_fmt(s['final']['loss'], 4)} | "
-            f"{_fmt(s['bound']['t_bound'])} | {_fmt(s['bound']['gap'])} |")
+            f"{_fmt(s['bound']['t_bound'])} | {_fmt(s['bound']['gap'])} | {_fmt(s['bound'].get('step_over_compute'))} |")
     lines += ["", "veth bytes include start-up traffic (DeepSpeed's parameter broadcast at initialize), divided by "
               "the step count; logical bytes are the ds_gravac accounting (synchronization.md §10).",
               "Paper reference numbers (GraVAC, 32 V100s): speed-up over static Top-k 10x — ResNet101 4.32×, VGG16 "
@@ -126,6 +142,8 @@ def plots(results: dict[str, Any], outdir: Path) -> list[str]:
     made = []
     fig, ax = plt.subplots(figsize=(7, 4))
     for s in results["systems"]:
+        if s["id"] == "compute_only":      # one rank on the whole stream: its loss is not comparable
+            continue
         wall, acc = [], 0.0
         for t in s["step_times"]:
             acc += t

@@ -24,6 +24,11 @@ class SystemSpec:
     runner_args: tuple[str, ...] = ()   # extra runner options (e.g. the PowerSGD rank)
 
 
+# Not a training system: every rank's process alone on its core, no communication (benchmarks.md §5 T_compute).
+COMPUTE_ONLY = SystemSpec("compute_only", "local", None, "one single-rank process per core at the same time, "
+                          "no communication: the compute-only step of the physical bound")
+
+
 def _static(compressor: Any, cf: float, min_numel: int = MIN_NUMEL) -> dict[str, Any]:
     return {"mode": "static", "compressor": compressor, "cf": cf, "min_compress_numel": min_numel}
 
@@ -37,6 +42,7 @@ def system_matrix(steps: int, epsilon: float = 0.7) -> dict[str, SystemSpec]:
               "min_compress_numel": MIN_NUMEL}
     dgc = {"type": "dgc", "params": {"momentum": 0.9}}
     specs = [
+        COMPUTE_ONLY,
         SystemSpec("ds_dense", "deepspeed", None, "DeepSpeed's own all-reduce (after backward)"),
         SystemSpec("gv_dense", "gravac", {"mode": "dense"}, "ds_gravac dense: bucketed, overlapped"),
         SystemSpec("ddp_dense", "ddp", None, "PyTorch DDP, 25 MB buckets"),
@@ -66,14 +72,15 @@ def system_config(base: dict[str, Any], spec: SystemSpec) -> dict[str, Any]:
 
 
 def ablation_ladder(compressor: str, cf: float) -> dict[str, SystemSpec]:
-    """HiPress Fig. 11-style ladder (benchmarks.md §3) for one static compressor: DeepSpeed dense (the reference of
-    every ratio), ds_gravac dense, then the compressor without overlap and without bulk decode, ``+overlap``,
+    """HiPress Fig. 11-style ladder (benchmarks.md §3) for one static compressor: the compute-only step, DeepSpeed
+    dense (the reference of every ratio), ds_gravac dense, then the compressor without overlap and without bulk decode, ``+overlap``,
     ``+bulk``. The spec's last rung, ``selection: "cost_model"``, is refused by this release (README) and left out."""
     comp: Any = {"type": "dgc", "params": {"momentum": 0.9}} if compressor == "dgc" else compressor
     base = _static(comp, cf, 0 if compressor == "dgc" else MIN_NUMEL)
     tag = f"{compressor}_{cf:g}"
     rungs = [("plain", False, False), ("overlap", True, False), ("overlap_bulk", True, True)]
-    specs = [SystemSpec("ds_dense", "deepspeed", None, "DeepSpeed's own all-reduce (after backward)"),
+    specs = [COMPUTE_ONLY,
+             SystemSpec("ds_dense", "deepspeed", None, "DeepSpeed's own all-reduce (after backward)"),
              SystemSpec("gv_dense", "gravac", {"mode": "dense"}, "ds_gravac dense: bucketed, overlapped"),
              *[SystemSpec(f"abl_{tag}_{name}", "gravac", {**base, "overlap": overlap, "bulk": bulk},
                           f"{compressor} {cf:g}x, overlap {overlap}, bulk decode {bulk}")
@@ -81,5 +88,5 @@ def ablation_ladder(compressor: str, cf: float) -> dict[str, SystemSpec]:
     return {s.id: s for s in specs}
 
 
-SMOKE_SYSTEMS = ("ds_dense", "gv_topk_100")
-QUICK_SYSTEMS = ("ds_dense", "gv_dense", "ddp_dense", "gv_topk_100", "gv_gravac")
+SMOKE_SYSTEMS = ("compute_only", "ds_dense", "gv_topk_100")
+QUICK_SYSTEMS = ("compute_only", "ds_dense", "gv_dense", "ddp_dense", "gv_topk_100", "gv_gravac")

@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 import torch
 
-SYSTEMS = ("gravac", "deepspeed", "ddp", "ddp_powersgd")
+SYSTEMS = ("gravac", "deepspeed", "ddp", "ddp_powersgd", "local")
 
 
 class RunnerError(RuntimeError):
@@ -46,7 +46,7 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--system", choices=SYSTEMS, default="gravac",
                    help="gravac: ds_gravac.initialize; deepspeed: deepspeed.initialize on the same config without "
                         "its 'gravac' section; ddp / ddp_powersgd: torch DDP (gloo, 25 MB buckets), optimizer and "
-                        "LR schedule from the config")
+                        "LR schedule from the config; local: one rank, no communication (compute-only step)")
     p.add_argument("--powersgd-rank", type=int, default=4,
                    help="ddp_powersgd: matrix_approximation_rank of torch's powerSGD_hook (benchmarks.md: 4; also 1)")
     p.add_argument("--steps", type=int, default=100, help="train until this many optimizer steps (also on resume)")

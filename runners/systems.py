@@ -4,6 +4,8 @@ which one runs (benchmarks.md §3: same model init, data order and optimizer for
 * ``gravac``       – ``ds_gravac.initialize`` on the config (its ``"gravac"`` section drives compression);
 * ``deepspeed``    – plain ``deepspeed.initialize`` on the same config without the ``"gravac"`` section;
 * ``ddp``          – torch DDP (gloo on CPU, 25 MB buckets), optimizer and LR schedule built from the config;
+* ``local``        – one rank, no wrapper and no communication: the compute-only step the benchmark's physical
+  bound needs (benchmarks.md §5);
 * ``ddp_powersgd`` – the same plus torch's ``powerSGD_hook`` (rank ``--powersgd-rank``, default 4, start at
   iteration 10), serialized bucket by bucket so it runs on gloo (:mod:`runners.ddp_hooks`).
 """
@@ -150,10 +152,11 @@ class EngineSystem(System):
 
 class DDPSystem(System):
     """torch DDP with DeepSpeed's semantics for what the config controls: loss divided by the accumulation
-    steps, clipping at ``gradient_clipping`` (default 1.0 as in DeepSpeed), scheduler stepped per optimizer step."""
+    steps, clipping at ``gradient_clipping`` (default 1.0 as in DeepSpeed), scheduler stepped per optimizer step.
+    ``wrap=False`` (system ``local``) runs the same loop on the bare module: nothing is communicated."""
 
     def __init__(self, name: str, model: nn.Module, cfg: dict[str, Any], dist: DistInfo,
-                 powersgd_rank: Optional[int] = None) -> None:
+                 powersgd_rank: Optional[int] = None, wrap: bool = True) -> None:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         from .common import device
@@ -161,7 +164,7 @@ class DDPSystem(System):
         self.name, self.device = name, device()
         self.module = model.to(self.device)
         ids = [self.device.index] if self.device.type == "cuda" else None
-        self.ddp = DDP(self.module, device_ids=ids, bucket_cap_mb=DDP_BUCKET_CAP_MB)
+        self.ddp = DDP(self.module, device_ids=ids, bucket_cap_mb=DDP_BUCKET_CAP_MB) if wrap else None
         self.optimizer = build_optimizer(cfg, self.module.parameters())
         self.scheduler = build_scheduler(cfg, self.optimizer)
         self.gas = int(cfg.get("gradient_accumulation_steps", 1))
@@ -169,7 +172,7 @@ class DDPSystem(System):
         self._global_steps, self.micro_steps = 0, 0
         powersgd = powersgd_rank is not None
         self._ring = dense_ring_bytes(self.module, dist.world_size)
-        self._dense = None if powersgd else self._ring
+        self._dense = None if powersgd or not wrap else self._ring
         self._ring_per_value = 2.0 * (dist.world_size - 1) / dist.world_size * 4   # fp32 ring all-reduce
         self._numel_after = 0      # PowerSGD's running count of values it all-reduced (factors + uncompressed)
         self.hook_state = self._register_powersgd(powersgd_rank) if powersgd else None
@@ -187,10 +190,10 @@ class DDPSystem(System):
         return (self.micro_steps + 1) % self.gas == 0
 
     def forward(self, *inputs: Any) -> Any:
-        return self.ddp(*inputs)
+        return (self.ddp or self.module)(*inputs)
 
     def sync_context(self) -> ContextManager[Any]:
-        return contextlib.nullcontext() if self._boundary() else self.ddp.no_sync()
+        return contextlib.nullcontext() if self.ddp is None or self._boundary() else self.ddp.no_sync()
 
     def backward(self, loss: torch.Tensor) -> None:
         (loss / self.gas if self.gas > 1 else loss).backward()
@@ -336,6 +339,11 @@ def _engine_args(args: argparse.Namespace) -> argparse.Namespace:
 
 def build_system(args: argparse.Namespace, cfg: dict[str, Any], model: nn.Module, dist: DistInfo) -> System:
     """One of the four systems around ``model`` (already initialised identically on every rank)."""
+    if args.system == "local":
+        if dist.world_size != 1:
+            raise RunnerError(f"--system local measures the compute-only step on one rank; this launch has "
+                              f"{dist.world_size} ranks (start it without a launcher or with --nproc_per_node 1)")
+        return DDPSystem("local", model, cfg, dist, wrap=False)
     if args.system in ("ddp", "ddp_powersgd"):
         rank = getattr(args, "powersgd_rank", 4) if args.system == "ddp_powersgd" else None
         return DDPSystem(args.system, model, cfg, dist, powersgd_rank=rank)

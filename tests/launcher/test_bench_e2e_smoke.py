@@ -13,7 +13,12 @@ def test_bench_e2e_smoke(tmp_path) -> None:
     main(["run", "--smoke", "--out", str(tmp_path)])
     results = json.loads((tmp_path / "results.json").read_text())
     validate(results)
-    assert [s["id"] for s in results["systems"]] == ["ds_dense", "gv_topk_100"]
+    assert [s["id"] for s in results["systems"]] == ["compute_only", "ds_dense", "gv_topk_100"]
     assert all(s["steps"] == 3 for s in results["systems"])
+    compute = results["systems"][0]
+    assert compute["time_to_target_s"] is None, "the single-rank run's loss is not compared"
+    for s in results["systems"]:
+        assert s["bound"]["t_compute_measured"] and s["bound"]["t_compute"] == compute["step_time"]["median"]
+    assert "Compute-only step T_compute" in (tmp_path / "results.md").read_text()
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
         "bytes_per_step.png", "cf_vs_step.png", "loss_vs_wall.png", "step_breakdown.png"]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from ds_gravac.config import parse_config
 from runners.bench_systems import system_matrix
@@ -36,7 +37,8 @@ def test_ablation_ladder_rungs_differ_only_in_overlap_and_bulk() -> None:
     from runners.bench_e2e import ablation_matrix
 
     ladder = ablation_matrix("topk:100")
-    assert list(ladder)[:2] == ["ds_dense", "gv_dense"]
+    assert list(ladder)[:3] == ["compute_only", "ds_dense", "gv_dense"]
+    assert ladder["compute_only"].system == "local" and ladder["compute_only"].gravac is None
     rungs = [s.gravac for sid, s in ladder.items() if sid.startswith("abl_")]
     assert [(g["overlap"], g["bulk"]) for g in rungs] == [(False, False), (True, False), (True, True)]
     for g in rungs:
@@ -52,3 +54,13 @@ def test_ablation_option_rejects_bad_values(bad: str) -> None:
 
     with pytest.raises(SystemExit, match="--ablation"):
         ablation_matrix(bad)
+
+
+def test_local_system_refuses_more_than_one_rank() -> None:
+    import argparse
+
+    from runners.common import DistInfo, RunnerError
+    from runners.systems import build_system
+
+    with pytest.raises(RunnerError, match="--system local.*2 ranks"):
+        build_system(argparse.Namespace(system="local"), {}, torch.nn.Linear(2, 2), DistInfo(0, 2, 0))
