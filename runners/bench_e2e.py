@@ -110,12 +110,27 @@ def run_compute_only(script: str, args: list[str], ranks: int, port: int, timeou
     return max(codes)
 
 
+def check_sections(matrix: dict[str, SystemSpec], ids: list[str]) -> None:
+    """Validate every selected "gravac" section before any cluster comes up (e.g. a bad --epsilon/--theta-min)."""
+    from ds_gravac.config import parse_config
+    from ds_gravac.errors import GravacConfigError
+
+    for sid in ids:
+        if matrix[sid].gravac is not None:
+            try:
+                parse_config(matrix[sid].gravac)
+            except (GravacConfigError, ValueError) as err:
+                raise SystemExit(f"bench_e2e: system {sid} (--epsilon/--theta-min/--ablation): {err}") from None
+
+
 def run_matrix(opts: argparse.Namespace) -> Path:
-    matrix = ablation_matrix(opts.ablation) if opts.ablation else system_matrix(opts.steps, epsilon=opts.epsilon)
+    matrix = ablation_matrix(opts.ablation) if opts.ablation else system_matrix(opts.steps, epsilon=opts.epsilon,
+                                                                                 theta_min=opts.theta_min)
     ids = list(SMOKE_SYSTEMS if opts.smoke else (opts.systems.split(",") if opts.systems else matrix))
     unknown = [i for i in ids if i not in matrix]
     if unknown:
         raise SystemExit(f"bench_e2e: unknown systems {unknown}; known: {', '.join(matrix)}")
+    check_sections(matrix, ids)
     net = "local" if opts.smoke else opts.rate
     out = Path(opts.out or ROOT / "bench_results" / f"{dt.date.today()}-{opts.model}-{net}")
     (out / "configs").mkdir(parents=True, exist_ok=True)
@@ -126,7 +141,7 @@ def run_matrix(opts: argparse.Namespace) -> Path:
         base["optimizer"]["params"]["lr"] = opts.lr
     script = SCRIPTS.get(opts.model, "runners/train_cifar.py")
     meta: dict[str, Any] = {"env": env_block(), "model": opts.model, "N": opts.ranks, "steps": opts.steps,
-                            "ablation": opts.ablation, "epsilon": opts.epsilon,
+                            "ablation": opts.ablation, "epsilon": opts.epsilon, "theta_min": opts.theta_min,
                             "lr": base["optimizer"]["params"]["lr"], "micro_batch": opts.micro_batch,
                             "network": {"rate": net, "delay": "0"}, "systems": {}}
     cluster = None
@@ -191,6 +206,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     run.add_argument("--lr", type=float, default=None,
                      help="optimizer lr (default: 0.001 for the CNNs, the config's 0.1 for the LSTM)")
     run.add_argument("--epsilon", type=float, default=0.7, help="GraVAC's ε for the gv_gravac* systems")
+    run.add_argument("--theta-min", type=float, default=10.0,
+                     help="GraVAC's θ_min (smallest compression factor) for the gv_gravac* systems; >= 1, < 1000")
     run.add_argument("--ablation", default=None, metavar="COMPRESSOR:CF",
                      help="run the ablation ladder instead of the matrix: ds_dense, gv_dense, then the compressor "
                           "without overlap/bulk, +overlap, +bulk (e.g. topk:100)")

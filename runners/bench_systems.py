@@ -33,10 +33,10 @@ def _static(compressor: Any, cf: float, min_numel: int = MIN_NUMEL) -> dict[str,
     return {"mode": "static", "compressor": compressor, "cf": cf, "min_compress_numel": min_numel}
 
 
-def system_matrix(steps: int, epsilon: float = 0.7) -> dict[str, SystemSpec]:
+def system_matrix(steps: int, epsilon: float = 0.7, theta_min: float = 10.0) -> dict[str, SystemSpec]:
     window = max(2, steps // 10)
     refresh = max(1, window // 5)
-    gravac = {"mode": "gravac", "compressor": "topk", "theta_min": 10, "theta_max": 1000, "epsilon": epsilon,
+    gravac = {"mode": "gravac", "compressor": "topk", "theta_min": theta_min, "theta_max": 1000, "epsilon": epsilon,
               "omega": 0.01, "window": window, "refresh_steps": min(refresh, window // 2),
               "min_sent_steps": refresh, "ewma_alpha": round(min(0.5, 2 / (window + 1)), 3),
               "min_compress_numel": MIN_NUMEL}
@@ -56,7 +56,7 @@ def system_matrix(steps: int, epsilon: float = 0.7) -> dict[str, SystemSpec]:
                    {"mode": "accordion", "compressor": "topk", "min_compress_numel": MIN_NUMEL,
                     "accordion": {"interval_steps": window, "low_compression": 1.01, "high_compression": 10}},
                    "Accordion over Top-k CF 1.01/10 (the PowerSGD rank 4/1 variant needs the low-rank family)"),
-        SystemSpec("gv_gravac", "gravac", gravac, f"GraVAC Top-k exponential 10→1000, window {window}"),
+        SystemSpec("gv_gravac", "gravac", gravac, f"GraVAC Top-k exponential {theta_min:g}→1000, window {window}"),
         SystemSpec("gv_gravac_dgc", "gravac", {**gravac, "compressor": dgc, "min_compress_numel": 0}),
     ]
     return {s.id: s for s in specs}

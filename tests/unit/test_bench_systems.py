@@ -64,3 +64,21 @@ def test_local_system_refuses_more_than_one_rank() -> None:
 
     with pytest.raises(RunnerError, match="--system local.*2 ranks"):
         build_system(argparse.Namespace(system="local"), {}, torch.nn.Linear(2, 2), DistInfo(0, 2, 0))
+
+
+def test_theta_min_reaches_both_gravac_systems() -> None:
+    matrix = system_matrix(100, epsilon=0.3, theta_min=2)
+    assert matrix["gv_gravac"].gravac["theta_min"] == 2 and matrix["gv_gravac_dgc"].gravac["theta_min"] == 2
+    for sid in ("gv_gravac", "gv_gravac_dgc"):
+        parse_config(matrix[sid].gravac)
+
+
+@pytest.mark.parametrize("flag,value,key", [("--theta-min", "0.5", "theta_min"), ("--epsilon", "-1", "epsilon"),
+                                            ("--theta-min", "1000", "theta_min")])
+def test_bad_gravac_options_stop_before_any_cluster(tmp_path, flag: str, value: str, key: str) -> None:
+    from runners.bench_e2e import main
+
+    out = tmp_path / "never"
+    with pytest.raises(SystemExit, match=f"(?s)gv_gravac.*{key}"):
+        main(["run", "--systems", "gv_gravac", flag, value, "--out", str(out)])
+    assert not out.exists()
