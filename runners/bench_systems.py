@@ -41,6 +41,7 @@ def system_matrix(steps: int, epsilon: float = 0.7, theta_min: float = 10.0) -> 
               "min_sent_steps": refresh, "ewma_alpha": round(min(0.5, 2 / (window + 1)), 3),
               "min_compress_numel": MIN_NUMEL}
     dgc = {"type": "dgc", "params": {"momentum": 0.9}}
+    dgc_nomask = {"type": "dgc", "params": {"momentum": 0.9, "momentum_masking": False}}
     specs = [
         COMPUTE_ONLY,
         SystemSpec("ds_dense", "deepspeed", None, "DeepSpeed's own all-reduce (after backward)"),
@@ -58,6 +59,12 @@ def system_matrix(steps: int, epsilon: float = 0.7, theta_min: float = 10.0) -> 
                    "Accordion over Top-k CF 1.01/10 (the PowerSGD rank 4/1 variant needs the low-rank family)"),
         SystemSpec("gv_gravac", "gravac", gravac, f"GraVAC Top-k exponential {theta_min:g}→1000, window {window}"),
         SystemSpec("gv_gravac_dgc", "gravac", {**gravac, "compressor": dgc, "min_compress_numel": 0}),
+        # Momentum-factor masking zeroes u at every sent entry; at low CF that is most large entries each step, so
+        # DGC degenerates to SGD without momentum (10x smaller effective lr at m = 0.9). These rows keep u.
+        *[SystemSpec(f"gv_dgc_{cf}_nomask", "gravac", _static(dgc_nomask, cf, 0), f"DGC {cf}x, momentum_masking false")
+          for cf in (10, 100, 1000)],
+        SystemSpec("gv_gravac_dgc_nomask", "gravac", {**gravac, "compressor": dgc_nomask, "min_compress_numel": 0},
+                   "GraVAC over DGC with momentum_masking false"),
     ]
     return {s.id: s for s in specs}
 

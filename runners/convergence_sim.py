@@ -7,8 +7,9 @@ CIFAR-10 data, model, batch per rank, SGD momentum and weight decay) with the up
 * ``dense``   – mean of the ranks' gradients, momentum SGD with weight decay (what DeepSpeed dense computes);
 * ``eftopk``  – per rank ``x = g + r``, send exact Top-k of ``x`` (tensors under ``--min-numel`` dense),
   ``r = x - sent``; mean of the sent values into momentum SGD (compressors.md §3.1 with error feedback);
-* ``dgc``     – per rank ``u = m·u + g + wd·w``, ``v = v + u``, send exact Top-k of ``v``, zero ``u`` and ``v``
-  at the sent indices; plain SGD on the mean (compressors.md §3.4 with exact selection instead of sampling).
+* ``dgc``     – per rank ``u = m·u + g + wd·w``, ``v = v + u``, send exact Top-k of ``v``, zero ``v`` (and ``u``
+  unless ``--no-masking``) at the sent indices; plain SGD on the mean (compressors.md §3.4 with exact selection
+  instead of sampling).
 
 Prints the 10-step mean training loss; ``--out`` writes every step's loss as JSON.
 """
@@ -42,13 +43,13 @@ class SimulatedRanks:
     """Replicated parameters, per-rank compressor memory and the shared optimizer state of one mode."""
 
     def __init__(self, params: list[torch.Tensor], mode: str, cf: float, ranks: int, lr: float,
-                 momentum: float, weight_decay: float, min_numel: int) -> None:
+                 momentum: float, weight_decay: float, min_numel: int, masking: bool = True) -> None:
         if mode not in MODES:
             raise ValueError(f"mode {mode!r}: choose one of {', '.join(MODES)}")
         if cf < 1:
             raise ValueError(f"cf {cf}: must be >= 1")
         self.params, self.mode, self.cf, self.ranks = params, mode, cf, ranks
-        self.lr, self.m, self.wd, self.min_numel = lr, momentum, weight_decay, min_numel
+        self.lr, self.m, self.wd, self.min_numel, self.masking = lr, momentum, weight_decay, min_numel, masking
         self.memory = [[torch.zeros_like(p) for p in params] for _ in range(ranks)]     # r (eftopk) / v (dgc)
         self.momentum = [[torch.zeros_like(p) for p in params] for _ in range(ranks)]   # u (dgc)
         self.buf = [torch.zeros_like(p) for p in params]                                # optimizer momentum
@@ -68,7 +69,8 @@ class SimulatedRanks:
                     v.add_(u)
                     kept, idx = topk_keep(v, self._k(v.numel()))
                     v.view(-1)[idx] = 0.0
-                    u.view(-1)[idx] = 0.0
+                    if self.masking:
+                        u.view(-1)[idx] = 0.0
                     total += kept
                 p.sub_(total / self.ranks, alpha=self.lr)
                 continue
@@ -87,14 +89,14 @@ class SimulatedRanks:
 
 
 def run(model_name: str, mode: str, cf: float, steps: int, ranks: int = 2, batch: int = 32, lr: float = 0.001,
-        momentum: float = 0.9, weight_decay: float = 1e-4, min_numel: int = 16384, seed: int = 1234,
-        dtype: torch.dtype = torch.float32, every: int = 10) -> tuple[list[float], list[torch.Tensor]]:
+        momentum: float = 0.9, weight_decay: float = 1e-4, min_numel: int = 16384, masking: bool = True,
+        seed: int = 1234, dtype: torch.dtype = torch.float32, every: int = 10) -> tuple[list[float], list[torch.Tensor]]:
     """Train for ``steps``; return the mean over ranks of each step's training loss and the final parameters."""
     torch.manual_seed(seed)
     data = SyntheticImageDataset(10, steps * ranks * batch, seed=seed)
     model = build_model(model_name, num_classes=10).to(dtype)
     params = list(model.parameters())
-    sim = SimulatedRanks(params, mode, cf, ranks, lr, momentum, weight_decay, min_numel)
+    sim = SimulatedRanks(params, mode, cf, ranks, lr, momentum, weight_decay, min_numel, masking)
     losses: list[float] = []
     for step in range(steps):
         grads, step_loss = [], 0.0
@@ -122,12 +124,13 @@ def main(argv: Optional[list[str]] = None) -> None:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--lr", type=float, default=0.001)
+    ap.add_argument("--no-masking", action="store_true", help="dgc: keep u at sent entries (momentum_masking false)")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
-    losses, _ = run(a.model, a.mode, a.cf, a.steps, ranks=a.ranks, lr=a.lr)
+    losses, _ = run(a.model, a.mode, a.cf, a.steps, ranks=a.ranks, lr=a.lr, masking=not a.no_masking)
     if a.out:
         a.out.write_text(json.dumps({"model": a.model, "mode": a.mode, "cf": a.cf, "lr": a.lr,
-                                     "ranks": a.ranks, "losses": losses}))
+                                     "ranks": a.ranks, "masking": not a.no_masking, "losses": losses}))
 
 
 if __name__ == "__main__":

@@ -49,3 +49,13 @@ def test_error_feedback_conserves_every_gradient_value() -> None:
 def test_bad_mode_or_cf_is_refused(mode: str, cf: float) -> None:
     with pytest.raises(ValueError, match="mode|cf"):
         SimulatedRanks([torch.zeros(2)], mode, cf, 2, 0.1, 0.9, 0.0, 0)
+
+
+def test_dgc_at_cf_1_without_masking_is_momentum_sgd() -> None:
+    # compressors.md §3.4: θ = 1 and momentum_masking false give momentum SGD with the same m.
+    kw = dict(steps=3, ranks=2, batch=4, lr=0.05, dtype=torch.float64, every=0)
+    _, dense = run("tiny_cnn", "dense", 1.0, momentum=0.9, **kw)
+    _, dgc = run("tiny_cnn", "dgc", 1.0, momentum=0.9, masking=False, **kw)
+    _, masked = run("tiny_cnn", "dgc", 1.0, momentum=0.9, masking=True, **kw)
+    assert _same(dense, dgc)
+    assert not _same(dense, masked)
