@@ -19,9 +19,9 @@ from harness import run_ranks
 CF, MIN_NUMEL, STEPS, LR, MOMENTUM, WD = 10, 1000, 12, 0.05, 0.9, 1e-4
 
 
-def _job(rank: int, world: int) -> dict:
+def _job(rank: int, world: int, width: int) -> dict:
     import ds_gravac
-    model = M.make_model()
+    model = M.make_model(width=width)
     gravac = {"mode": "static", "compressor": "topk", "cf": CF, "min_compress_numel": MIN_NUMEL}
     engine, *_ = ds_gravac.initialize(model=model, model_parameters=model.parameters(),
                                       config=M.ds_config(gravac, lr=LR))
@@ -38,8 +38,8 @@ def _job(rank: int, world: int) -> dict:
     return {"params": params, "branches": branches, "aliased": aliased}
 
 
-def _reference(world: int) -> dict[str, torch.Tensor]:
-    model = M.make_model().double()
+def _reference(world: int, width: int) -> dict[str, torch.Tensor]:
+    model = M.make_model(width=width).double()
     names = [n for n, _ in model.named_parameters() if not n.startswith("unused")]
     params = dict(model.named_parameters())
     residual = {(r, n): torch.zeros_like(params[n]) for r in range(world) for n in names}
@@ -69,15 +69,18 @@ def _reference(world: int) -> dict[str, torch.Tensor]:
     return {n: params[n].detach() for n in names}
 
 
-@pytest.fixture(scope="module")
-def trained() -> list:
-    return run_ranks(_job, 2)
+# width 64: every hidden tensor (4,096 values) takes the direct selection; width 300: the 90,000-value hidden
+# tensors take Top-k's sampled-threshold path (auto, n >= 65,536), as ResNet101's large convolutions do.
+@pytest.fixture(scope="module", params=[64, 300], ids=["direct_selection", "sampled_threshold"])
+def trained(request: pytest.FixtureRequest) -> tuple[int, list]:
+    return request.param, run_ranks(_job, 2, request.param)
 
 
-def test_topk_error_feedback_matches_float64_reference(trained: list) -> None:
-    ref = _reference(2)
-    start = M.params_of_model(M.make_model())
-    for res in trained:
+def test_topk_error_feedback_matches_float64_reference(trained: tuple[int, list]) -> None:
+    width, results = trained
+    ref = _reference(2, width)
+    start = M.params_of_model(M.make_model(width=width))
+    for res in results:
         assert res["branches"][0] == "dense" and set(res["branches"][1:]) == {"cand"}, res["branches"]
         for name, want in ref.items():
             got = res["params"][name].double()
@@ -87,11 +90,12 @@ def test_topk_error_feedback_matches_float64_reference(trained: list) -> None:
             assert err < 1e-4, (name, float(err))
 
 
-def test_compressed_gradients_are_decoded_straight_into_p_grad(trained: list) -> None:
+def test_compressed_gradients_are_decoded_straight_into_p_grad(trained: tuple[int, list]) -> None:
     """Every tensor compressed at ≥ min_compress_numel gets p.grad as a view of its bucket's decode buffer
     (no separate write-back pass); the small ones travel in dense buckets and keep their own p.grad."""
-    model = M.make_model()
+    width, results = trained
+    model = M.make_model(width=width)
     big = sorted(n for n, p in model.named_parameters() if p.numel() >= MIN_NUMEL and not n.startswith("unused"))
     assert big
-    for res in trained:
+    for res in results:
         assert res["aliased"] == big
