@@ -225,7 +225,9 @@ class DDPSystem(System):
     def logical_bytes(self) -> Optional[tuple[float, float]]:
         """PowerSGD: the ring formula applied to the values its all-reduces carried this step (P and Q factors
         plus the uncompressed tensors, from the hook's own counters; benchmarks.md §3); dense before
-        ``start_powerSGD_iter``, when the hook runs a vanilla all-reduce and counts nothing."""
+        ``start_powerSGD_iter``, when the hook runs a vanilla all-reduce and counts nothing. ``local``: nothing."""
+        if self.ddp is None:
+            return 0.0, 0.0
         if self.hook_state is None:
             return super().logical_bytes()
         total = int(self.hook_state.total_numel_after_compression)
