@@ -59,10 +59,15 @@ def runner_args(spec: SystemSpec, model: str, steps: int, cfg_path: Path, log_di
     return args + list(spec.runner_args)
 
 
+def _runner_env(**extra: str) -> dict[str, str]:
+    """The environment every runner process on this machine gets (one thread, CPU accelerator, wandb offline)."""
+    return dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", WANDB_MODE="offline", PYTHONPATH=str(ROOT),
+                **extra)
+
+
 def run_local(script: str, args: list[str], ddp: bool, port: int, timeout: float, log: Path) -> int:
     """Smoke mode: both ranks on this machine (127.0.0.1), no namespaces."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", WANDB_MODE="offline",
-               PYTHONPATH=str(ROOT))
+    env = _runner_env()
     launcher = [str(VENV_BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", str(port)] if ddp else \
         [str(VENV_BIN / "deepspeed"), "--num_gpus", "2", "--master_port", str(port)]
     with open(log, "w") as fh:
@@ -92,9 +97,8 @@ def run_compute_only(script: str, args: list[str], ranks: int, port: int, timeou
     cores = sorted(os.sched_getaffinity(0))
     procs = []
     for r in range(ranks):
-        env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", WANDB_MODE="offline",
-                   PYTHONPATH=str(ROOT), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_SIZE="1",
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port + r))
+        env = _runner_env(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_SIZE="1", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(port + r))
         extra = [] if r == 0 else ["--log-dir", str(log_dir / f"rank{r}"), "--no-wandb"]
         cmd = ["taskset", "-c", str(cores[r % len(cores)]), sys.executable, script, *args, *extra]
         fh = open(log_dir / f"log{'' if r == 0 else r}.txt", "w")

@@ -76,9 +76,7 @@ def add_comparisons(systems: list[dict], bandwidth_bps: Optional[float]) -> Opti
     measured = by_id.get("compute_only", {}).get("step_time", {}).get("median")
     compute = measured if measured is not None else (by_id.get("gv_dense") or ref or {}).get("step_time", {}).get("compute")
     for s in systems:
-        # compute_only trains one rank on the whole data stream: its loss is not comparable, only its step time
-        comparable = target is not None and s["id"] != "compute_only"
-        s["time_to_target_s"] = time_to_target(s, target) if comparable else None
+        s["time_to_target_s"] = time_to_target(s, target) if target is not None and loss_comparable(s) else None
         for name, base in (("speedup_vs_ds_dense", by_id.get("ds_dense")), ("speedup_vs_topk10", by_id.get("gv_topk_10"))):
             mine, theirs = s["time_to_target_s"], base.get("time_to_target_s") if base else None
             s[name] = theirs / mine if mine and theirs else None
@@ -91,6 +89,11 @@ def add_comparisons(systems: list[dict], bandwidth_bps: Optional[float]) -> Opti
                       "t_compute": compute, "t_compute_measured": measured is not None,
                       "step_over_compute": med / compute if med and compute else None}
     return target
+
+
+def loss_comparable(system: dict[str, Any]) -> bool:
+    """compute_only trains one rank on the whole data stream: only its step time means something."""
+    return system["id"] != "compute_only"
 
 
 def _fmt(x: Any, digits: int = 2) -> str:
@@ -142,7 +145,7 @@ def plots(results: dict[str, Any], outdir: Path) -> list[str]:
     made = []
     fig, ax = plt.subplots(figsize=(7, 4))
     for s in results["systems"]:
-        if s["id"] == "compute_only":      # one rank on the whole stream: its loss is not comparable
+        if not loss_comparable(s):
             continue
         wall, acc = [], 0.0
         for t in s["step_times"]:

@@ -165,6 +165,7 @@ class DDPSystem(System):
         self.module = model.to(self.device)
         ids = [self.device.index] if self.device.type == "cuda" else None
         self.ddp = DDP(self.module, device_ids=ids, bucket_cap_mb=DDP_BUCKET_CAP_MB) if wrap else None
+        self.net: nn.Module = self.ddp if self.ddp is not None else self.module     # what forward runs
         self.optimizer = build_optimizer(cfg, self.module.parameters())
         self.scheduler = build_scheduler(cfg, self.optimizer)
         self.gas = int(cfg.get("gradient_accumulation_steps", 1))
@@ -172,7 +173,7 @@ class DDPSystem(System):
         self._global_steps, self.micro_steps = 0, 0
         powersgd = powersgd_rank is not None
         self._ring = dense_ring_bytes(self.module, dist.world_size)
-        self._dense = None if powersgd or not wrap else self._ring
+        self._dense = 0.0 if not wrap else None if powersgd else self._ring     # local: nothing is sent
         self._ring_per_value = 2.0 * (dist.world_size - 1) / dist.world_size * 4   # fp32 ring all-reduce
         self._numel_after = 0      # PowerSGD's running count of values it all-reduced (factors + uncompressed)
         self.hook_state = self._register_powersgd(powersgd_rank) if powersgd else None
@@ -190,7 +191,7 @@ class DDPSystem(System):
         return (self.micro_steps + 1) % self.gas == 0
 
     def forward(self, *inputs: Any) -> Any:
-        return (self.ddp or self.module)(*inputs)
+        return self.net(*inputs)
 
     def sync_context(self) -> ContextManager[Any]:
         return contextlib.nullcontext() if self.ddp is None or self._boundary() else self.ddp.no_sync()
@@ -225,9 +226,7 @@ class DDPSystem(System):
     def logical_bytes(self) -> Optional[tuple[float, float]]:
         """PowerSGD: the ring formula applied to the values its all-reduces carried this step (P and Q factors
         plus the uncompressed tensors, from the hook's own counters; benchmarks.md §3); dense before
-        ``start_powerSGD_iter``, when the hook runs a vanilla all-reduce and counts nothing. ``local``: nothing."""
-        if self.ddp is None:
-            return 0.0, 0.0
+        ``start_powerSGD_iter``, when the hook runs a vanilla all-reduce and counts nothing."""
         if self.hook_state is None:
             return super().logical_bytes()
         total = int(self.hook_state.total_numel_after_compression)
