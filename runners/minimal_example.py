@@ -48,6 +48,11 @@ def main() -> None:
         records.extend(handle.pop_stats())
     if rank == 0:
         summarize(losses, records)
+    # End together and shut the groups down before interpreter exit: a rank that tears gloo down on its own
+    # while its peer is still connected can abort ("terminate called without an active exception").
+    ds_gravac.detach(engine)
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 
 
 def summarize(losses: list[float], records: list[dict]) -> None:
