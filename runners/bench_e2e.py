@@ -24,6 +24,7 @@ from typing import Any, Optional, Sequence
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from ds_gravac.integration.shm_buffer import PREFIX, SHM_DIR  # noqa: E402
 from runners.bench_report import report  # noqa: E402
 from runners.bench_systems import (QUICK_SYSTEMS, SMOKE_SYSTEMS, SystemSpec, ablation_ladder,  # noqa: E402
                                    system_config, system_matrix)
@@ -111,6 +112,8 @@ def run_compute_only(script: str, args: list[str], ranks: int, port: int, timeou
             proc.kill()
             codes.append(-1)
         fh.close()
+    for r in range(ranks):   # DeepSpeed's CPU comm op leaves a ~69 MB /dev/shm buffer per process; these are ours
+        (SHM_DIR / f"{PREFIX}_{os.getuid()}_127.0.0.1_{port + r}_0").unlink(missing_ok=True)
     return max(codes)
 
 

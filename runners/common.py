@@ -126,12 +126,6 @@ def init_distributed() -> DistInfo:
     deepspeed.init_distributed(dist_backend=get_accelerator().communication_backend_name(), verbose=False)
     import torch.distributed as dist
 
-    from ds_gravac.integration.shm_buffer import release_shm_buffer
-
-    # Every system (not only ds_gravac's attach) frees DeepSpeed's leaked /dev/shm buffer name once all ranks
-    # have joined a collective: the deepspeed/ddp/local runs would otherwise leave ~69 MB per rank behind.
-    dist.barrier()
-    release_shm_buffer(dist.get_rank())
     return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)))
 
 

@@ -1,6 +1,7 @@
 """bench_e2e in smoke mode (127.0.0.1, tiny model, 3 steps, 2 systems): runs and writes a valid results.json."""
 from __future__ import annotations
 
+import glob
 import json
 
 import pytest
@@ -20,5 +21,6 @@ def test_bench_e2e_smoke(tmp_path) -> None:
     for s in results["systems"]:
         assert s["bound"]["t_compute_measured"] and s["bound"]["t_compute"] == compute["step_time"]["median"]
     assert "Compute-only step T_compute" in (tmp_path / "results.md").read_text()
+    assert not glob.glob("/dev/shm/deepspeed_allreduce_buffer_*_127.0.0.1_2970[01]_0"), "compute_only leaked shm"
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
         "bytes_per_step.png", "cf_vs_step.png", "loss_vs_wall.png", "step_breakdown.png"]
