@@ -374,6 +374,14 @@ def write_gathered(idx_view: Tensor, val_view: Tensor, idx: Tensor, vals: Tensor
     return write_entries(idx_view, val_view, gather(idx, pos), gather(vals, pos))
 
 
+def zero_at(buf: Tensor, idx: Tensor) -> None:
+    """``buf[idx] = 0`` for a 1-D buffer (numpy's scatter is ~2x faster than ``index_fill_`` on CPU)."""
+    if on_numpy(buf) and on_numpy(idx):
+        buf.numpy()[idx.numpy()] = 0
+    else:
+        buf.index_fill_(0, idx, 0.0)
+
+
 def real_count(idx_view: Tensor, val_view: Tensor) -> int:
     """Number of real entries of a sparse payload written by this module (real indices strictly increase).
 

@@ -12,6 +12,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from ..compress.base import CompressCtx, Compressor, Kind, Payload, TensorPlan
+from ..compress.sparse_select import zero_at
 from .buckets import Bucket, Member
 from .collectives import Work, all_gather_async, all_reduce_async, allgather_bytes, ring_allreduce_bytes
 from .dense_path import DenseReduce, ReduceRule
@@ -65,7 +66,10 @@ class CompressedBucket:
         self.out = torch.zeros(m, dtype=torch.float32, device=device)
         # ``out`` is rewritten only by the next decode, after that step's gradients were staged, and DeepSpeed
         # drops p.grad (set to None) after each step, so fp32 contiguous p.grad can simply be views of ``out``
-        # (the idea of DDP's gradient_as_bucket_view); ``staging`` cannot: EF swaps it with the residual.
+        # (the idea of DDP's gradient_as_bucket_view); ``staging`` cannot: a dense step swaps it with the residual.
+        # After a sparse decode only these flat positions of ``out`` are non-zero, so the next decode clears
+        # them instead of the whole buffer (None: clear everything).
+        self._dirty: Optional[torch.Tensor] = None
         self._can_alias = [mem.param.dtype == torch.float32 and mem.param.is_contiguous() for mem in bucket.members]
         self.ctxs = [ctx_factory(mem) for mem in bucket.members]
         self.inputs: list[torch.Tensor] = []
@@ -74,6 +78,13 @@ class CompressedBucket:
         self.pending: Any = None          # ("dense", DenseReduce) | ("sparse"/"summable", Work, SendLayout)
 
     # ---- buffers ------------------------------------------------------------------------------------
+    @property
+    def x_buf(self) -> torch.Tensor:
+        """Where :meth:`stage` forms x. With error feedback g is added to the residual in place, so x *is* the
+        residual and commit's ``x − D(p)`` leaves the new residual there (in-place add: one read of g and one
+        read-modify-write, measured 1.5x faster than writing ``g + r`` into a third buffer)."""
+        return self.residual if self.external_ef else self.staging
+
     def _seg(self, buf: torch.Tensor, i: int) -> torch.Tensor:
         mem = self.bucket.members[i]
         return buf[mem.offset:mem.offset + mem.numel]
@@ -122,14 +133,21 @@ class CompressedBucket:
     # ---- per-step phases ----------------------------------------------------------------------------
     def stage(self, step: int, collect: Optional[Callable[[str, torch.Tensor], None]], raw_den: bool,
               stats: BucketStepStats) -> None:
-        """Form the compressor inputs: ``x = g + r`` (one fused pass) or the compressor's compensated input."""
+        """Form the compressor inputs: ``x = g + r`` (in place) or the compressor's compensated input.
+
+        ``‖x‖²`` is summed per member right after x is written, while it is still in cache (measured ~10% cheaper
+        than one more pass over the whole bucket)."""
         t0 = time.perf_counter()
         self.inputs = []
+        xbuf = self.x_buf
+        squares = []
         for i, mem in enumerate(self.bucket.members):
             g = mem.param.grad.detach().view(-1)
+            if self._dirty is not None and _same_storage(g, self.out):
+                self._dirty = None        # p.grad was not released: autograd accumulated into ``out``
             ctx = self.ctxs[i]
             ctx.step = step
-            x = self._seg(self.staging, i)
+            x = self._seg(xbuf, i)
             ctx.residual = x if self.external_ef else None
             if collect is not None:
                 collect(mem.name, g.float())
@@ -138,11 +156,12 @@ class CompressedBucket:
             if self.comp.owns_state:
                 x.copy_(self.comp.compensate(g.float(), ctx))
             elif self.external_ef:
-                torch.add(g, self._seg(self.residual, i), out=x)
+                x.add_(g)
             else:
                 x.copy_(g)
+            squares.append(torch.dot(x, x))
             self.inputs.append(x)
-        den = float(torch.dot(self.staging, self.staging))
+        den = float(torch.stack(squares).double().sum())
         if den != den or den in (float("inf"), float("-inf")):
             stats.nonfinite += 1
         stats.den += den
@@ -179,10 +198,7 @@ class CompressedBucket:
                     stats.probe_s += dt
                 prev = target
             if lay is not None:
-                self.comp.commit(x, lay.payloads[i], ctx)
-        if lay is not None and self.external_ef:
-            # commit updated x in place (x − D(p)); it *is* the new residual: swap instead of copying
-            self.staging, self.residual = self.residual, self.staging
+                self.comp.commit(x, lay.payloads[i], ctx)     # external EF: x − D(p) in place = new residual
         return lay
 
     def add_dense_probe_nums(self, probes: Sequence[float], probe_fallback: Sequence[bool], den: float,
@@ -207,12 +223,13 @@ class CompressedBucket:
 
     def launch_dense(self, rule: ReduceRule, group: Any, stats: BucketStepStats) -> None:
         """Dense send of the compensated input; the memory is cleared (compressors.md §1 rule 1)."""
-        red = DenseReduce([], rule, group, flat=self.staging)
-        if self.external_ef:
+        if self.external_ef:                      # x lives in the residual buffer: send it, clear the other one
+            self.staging, self.residual = self.residual, self.staging
             self.residual.zero_()
         elif self.comp.owns_state:
             for ctx in self.ctxs:
                 self.comp.reset(ctx)
+        red = DenseReduce([], rule, group, flat=self.staging)
         stats.bytes_sent += ring_allreduce_bytes(red.payload_bytes, self.world_size)
         stats.values_sent += self.bucket.numel
         self.pending = ("dense", red)
@@ -228,6 +245,7 @@ class CompressedBucket:
             lay = self.pending[2]
             src = self.out
             if kind == "summable":
+                self._dirty = None
                 for i, p in enumerate(lay.payloads):
                     self.comp.decompress(p, self._seg(self.out, i), accumulate=False, scale=scale, ctx=self.ctxs[i])
             else:
@@ -244,12 +262,21 @@ class CompressedBucket:
 
     def _decode_gathered(self, lay: SendLayout, scale: float, bulk: bool) -> None:
         rows = lay.gathered.view(self.world_size, lay.words)
-        self.out.zero_()
+        if self._dirty is not None:
+            zero_at(self.out, self._dirty)
+        else:
+            self.out.zero_()
         if bulk and lay.bulk_idx_pos is not None:
-            idx = rows[:, lay.bulk_idx_pos].long() + lay.bulk_offsets
-            val = rows[:, lay.bulk_val_pos].contiguous().view(torch.float32)
-            self.out.index_add_(0, idx.view(-1), val.view(-1), alpha=scale)
+            idx = (rows.index_select(1, lay.bulk_idx_pos).long() + lay.bulk_offsets).view(-1)
+            val = rows.index_select(1, lay.bulk_val_pos).view(torch.float32).view(-1)
+            self.out.index_add_(0, idx, val, alpha=scale)
+            # Scattered clearing pays below ~5% density (measured on one CPU core: ~13 ns per position vs
+            # ~0.45 ns per element for a full clear of an uncached buffer). A non-finite value could spread to every entry (e.g. clipping by a NaN
+            # norm), so then everything is cleared next time.
+            sparse = idx.numel() * 20 < self.out.numel()
+            self._dirty = idx if sparse and bool(torch.isfinite(val).all()) else None
             return
+        self._dirty = None
         for w in range(self.world_size):
             for i, (plan, off) in enumerate(zip(lay.plans, lay.word_offsets)):
                 p = Payload(plan, rows[w, off:off + plan.words])
@@ -269,6 +296,10 @@ class CompressedBucket:
         if self.comp.owns_state:
             for ctx in self.ctxs:
                 self.comp.reset(ctx)
+
+
+def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
 def _is_sparse_fp32(plan: TensorPlan) -> bool:

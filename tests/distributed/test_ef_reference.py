@@ -16,17 +16,21 @@ import torch
 import models as M
 from harness import run_ranks
 
-CF, MIN_NUMEL, STEPS, LR, MOMENTUM, WD = 10, 1000, 12, 0.05, 0.9, 1e-4
+MIN_NUMEL, STEPS, LR, MOMENTUM, WD = 1000, 12, 0.05, 0.9, 1e-4
 
 
-def _job(rank: int, world: int, width: int) -> dict:
+def _job(rank: int, world: int, width: int, cf: float, dense_steps: frozenset[int]) -> dict:
     import ds_gravac
     model = M.make_model(width=width)
-    gravac = {"mode": "static", "compressor": "topk", "cf": CF, "min_compress_numel": MIN_NUMEL}
+    gravac = {"mode": "static", "compressor": "topk", "cf": cf, "min_compress_numel": MIN_NUMEL}
     engine, *_ = ds_gravac.initialize(model=model, model_parameters=model.parameters(),
                                       config=M.ds_config(gravac, lr=LR))
-    M.train(engine, rank, STEPS)
     handle = ds_gravac.get_handle(engine)
+    if dense_steps:       # the controller's own forced-dense branch, at the same steps on every rank
+        decide = handle.sync.controller.decide
+        handle.sync.controller.decide = lambda step, lr, force_dense=False: decide(step, lr,
+                                                                                   force_dense or step in dense_steps)
+    M.train(engine, rank, STEPS)
     branches = [r["branch"] for r in handle.pop_stats()]
     params = M.params_of(engine)
     # one more backward (no step): the decoded gradients are p.grad itself, views of the buckets' outputs
@@ -38,7 +42,7 @@ def _job(rank: int, world: int, width: int) -> dict:
     return {"params": params, "branches": branches, "aliased": aliased}
 
 
-def _reference(world: int, width: int) -> dict[str, torch.Tensor]:
+def _reference(world: int, width: int, cf: float, dense_steps: frozenset[int]) -> dict[str, torch.Tensor]:
     model = M.make_model(width=width).double()
     names = [n for n, _ in model.named_parameters() if not n.startswith("unused")]
     params = dict(model.named_parameters())
@@ -52,9 +56,12 @@ def _reference(world: int, width: int) -> dict[str, torch.Tensor]:
             torch.nn.functional.cross_entropy(model(x.double()), y).backward()
             for n in names:
                 grad = params[n].grad.detach().clone()
-                if step > 0 and grad.numel() >= MIN_NUMEL:
+                if step in dense_steps and grad.numel() >= MIN_NUMEL:    # dense send of g + r clears r
+                    grad = grad + residual[rank, n]
+                    residual[rank, n] = torch.zeros_like(grad)
+                elif step > 0 and grad.numel() >= MIN_NUMEL:
                     acc = grad + residual[rank, n]
-                    k = math.ceil(acc.numel() / CF)
+                    k = math.ceil(acc.numel() / cf)
                     keep = torch.zeros(acc.numel(), dtype=torch.bool)
                     keep[acc.flatten().abs().topk(k).indices] = True
                     sent = torch.where(keep.view_as(acc), acc, torch.zeros_like(acc))
@@ -70,18 +77,23 @@ def _reference(world: int, width: int) -> dict[str, torch.Tensor]:
 
 
 # width 64: every hidden tensor (4,096 values) takes the direct selection; width 300: the 90,000-value hidden
-# tensors take Top-k's sampled-threshold path (auto, n >= 65,536), as ResNet101's large convolutions do.
-@pytest.fixture(scope="module", params=[64, 300], ids=["direct_selection", "sampled_threshold"])
-def trained(request: pytest.FixtureRequest) -> tuple[int, list]:
-    return request.param, run_ranks(_job, 2, request.param)
+# tensors take Top-k's sampled-threshold path (auto, n >= 65,536), as ResNet101's large convolutions do. At 100x
+# the decoded entries cover < 5% of the bucket, so each decode clears only the previous step's positions; dense
+# steps in between (forced) send g + r and clear the memory, twice, so both EF buffers serve as the dense one.
+@pytest.fixture(scope="module", params=[(64, 10, ()), (300, 10, ()), (300, 100, (4, 7, 8))],
+                ids=["direct_selection", "sampled_threshold", "sampled_100x_sparse_clear_dense_steps"])
+def trained(request: pytest.FixtureRequest) -> tuple[int, float, frozenset[int], list]:
+    width, cf, dense = request.param
+    return width, cf, frozenset(dense), run_ranks(_job, 2, width, cf, frozenset(dense))
 
 
-def test_topk_error_feedback_matches_float64_reference(trained: tuple[int, list]) -> None:
-    width, results = trained
-    ref = _reference(2, width)
+def test_topk_error_feedback_matches_float64_reference(trained: tuple[int, float, frozenset[int], list]) -> None:
+    width, cf, dense_steps, results = trained
+    ref = _reference(2, width, cf, dense_steps)
     start = M.params_of_model(M.make_model(width=width))
     for res in results:
-        assert res["branches"][0] == "dense" and set(res["branches"][1:]) == {"cand"}, res["branches"]
+        want_branches = ["dense" if s == 0 or s in dense_steps else "cand" for s in range(STEPS)]
+        assert res["branches"] == want_branches, res["branches"]
         for name, want in ref.items():
             got = res["params"][name].double()
             moved = (want - start[name].double()).norm()
@@ -90,10 +102,11 @@ def test_topk_error_feedback_matches_float64_reference(trained: tuple[int, list]
             assert err < 1e-4, (name, float(err))
 
 
-def test_compressed_gradients_are_decoded_straight_into_p_grad(trained: tuple[int, list]) -> None:
+def test_compressed_gradients_are_decoded_straight_into_p_grad(trained: tuple[int, float, frozenset[int], list]
+                                                               ) -> None:
     """Every tensor compressed at ≥ min_compress_numel gets p.grad as a view of its bucket's decode buffer
     (no separate write-back pass); the small ones travel in dense buckets and keep their own p.grad."""
-    width, results = trained
+    width, _, _, results = trained
     model = M.make_model(width=width)
     big = sorted(n for n, p in model.named_parameters() if p.numel() >= MIN_NUMEL and not n.startswith("unused"))
     assert big
