@@ -170,7 +170,7 @@ def run_matrix(opts: argparse.Namespace) -> Path:
             args = runner_args(spec, opts.model, opts.steps, cfg_path, log_dir, opts.micro_batch)
             ddp = spec.system.startswith("ddp")
             print(f"[bench_e2e] {n + 1}/{len(ids)} {sid} ...", flush=True)
-            if spec.system == "local":
+            if spec.system in ("local", "local_engine"):
                 rc, veth = run_compute_only(script, args, opts.ranks, 29700 + 10 * n, opts.timeout, log_dir), 0
             else:
                 rc, veth = _run_one(cluster, script, args, ddp, 29500 + n, opts.timeout, log_dir)

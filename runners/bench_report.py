@@ -92,8 +92,8 @@ def add_comparisons(systems: list[dict], bandwidth_bps: Optional[float]) -> Opti
 
 
 def loss_comparable(system: dict[str, Any]) -> bool:
-    """compute_only trains one rank on the whole data stream: only its step time means something."""
-    return system["id"] != "compute_only"
+    """The compute-only rows train one rank on the whole data stream: only their step time means something."""
+    return not system["id"].startswith("compute_only")
 
 
 def _fmt(x: Any, digits: int = 2) -> str:
@@ -106,9 +106,12 @@ def _fmt(x: Any, digits: int = 2) -> str:
 
 def _compute_line(results: dict[str, Any]) -> str:
     first = results["systems"][0]["bound"] if results["systems"] else {}
+    engine = next((s["step_time"]["median"] for s in results["systems"] if s["id"] == "compute_only_engine"), None)
+    through_engine = "" if engine is None else f" (through a DeepSpeed engine, all-reduce off: {_fmt(engine, 3)} s)"
     if first.get("t_compute_measured"):
         return (f"Compute-only step T_compute (one single-rank process per core at once, no communication): "
-                f"{_fmt(first.get('t_compute'), 3)} s; bound = max(T_compute + T_codec, bytes / measured rate).")
+                f"{_fmt(first.get('t_compute'), 3)} s{through_engine}; bound = max(T_compute + T_codec, bytes / "
+                f"measured rate).")
     return (f"T_compute (no compute_only run: gv_dense's compute estimate): {_fmt(first.get('t_compute'), 3)} s; "
             f"bound = max(T_compute + T_codec, bytes / measured rate).")
 

@@ -27,6 +27,9 @@ class SystemSpec:
 # Not a training system: every rank's process alone on its core, no communication (benchmarks.md §5 T_compute).
 COMPUTE_ONLY = SystemSpec("compute_only", "local", None, "one single-rank process per core at the same time, "
                           "no communication: the compute-only step of the physical bound")
+# The same through a DeepSpeed engine (gradient all-reduce off): the compute-only step plus the engine's own work.
+COMPUTE_ONLY_ENGINE = SystemSpec("compute_only_engine", "local_engine", None, "as compute_only, through a DeepSpeed "
+                                 "engine with its gradient all-reduce off")
 
 
 def _static(compressor: Any, cf: float, min_numel: int = MIN_NUMEL) -> dict[str, Any]:
@@ -41,9 +44,11 @@ def system_matrix(steps: int, epsilon: float = 0.7, theta_min: float = 10.0) -> 
               "min_sent_steps": refresh, "ewma_alpha": round(min(0.5, 2 / (window + 1)), 3),
               "min_compress_numel": MIN_NUMEL}
     dgc = {"type": "dgc", "params": {"momentum": 0.9}}
-    dgc_nomask = {"type": "dgc", "params": {"momentum": 0.9, "momentum_masking": False}}
+    # without masking, dense steps keep DGC's momentum too (GraVAC's fallback would otherwise be SGD without it)
+    dgc_nomask = {"type": "dgc", "params": {"momentum": 0.9, "momentum_masking": False, "dense_keeps_momentum": True}}
     specs = [
         COMPUTE_ONLY,
+        COMPUTE_ONLY_ENGINE,
         SystemSpec("ds_dense", "deepspeed", None, "DeepSpeed's own all-reduce (after backward)"),
         SystemSpec("gv_dense", "gravac", {"mode": "dense"}, "ds_gravac dense: bucketed, overlapped"),
         SystemSpec("ddp_dense", "ddp", None, "PyTorch DDP, 25 MB buckets"),

@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 import torch
 
-SYSTEMS = ("gravac", "deepspeed", "ddp", "ddp_powersgd", "local")
+SYSTEMS = ("gravac", "deepspeed", "ddp", "ddp_powersgd", "local", "local_engine")
 
 
 class RunnerError(RuntimeError):

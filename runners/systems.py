@@ -6,6 +6,8 @@ which one runs (benchmarks.md §3: same model init, data order and optimizer for
 * ``ddp``          – torch DDP (gloo on CPU, 25 MB buckets), optimizer and LR schedule built from the config;
 * ``local``        – one rank, no wrapper and no communication: the compute-only step the benchmark's physical
   bound needs (benchmarks.md §5);
+* ``local_engine`` – one rank through a DeepSpeed engine with its gradient all-reduce off: the compute-only step
+  including the engine's own per-step work, which every DeepSpeed and ds_gravac step also does;
 * ``ddp_powersgd`` – the same plus torch's ``powerSGD_hook`` (rank ``--powersgd-rank``, default 4, start at
   iteration 10), serialized bucket by bucket so it runs on gloo (:mod:`runners.ddp_hooks`).
 """
@@ -340,11 +342,18 @@ def _engine_args(args: argparse.Namespace) -> argparse.Namespace:
 
 def build_system(args: argparse.Namespace, cfg: dict[str, Any], model: nn.Module, dist: DistInfo) -> System:
     """One of the four systems around ``model`` (already initialised identically on every rank)."""
-    if args.system == "local":
+    if args.system in ("local", "local_engine"):
         if dist.world_size != 1:
-            raise RunnerError(f"--system local measures the compute-only step on one rank; this launch has "
+            raise RunnerError(f"--system {args.system} measures the compute-only step on one rank; this launch has "
                               f"{dist.world_size} ranks (start it without a launcher or with --nproc_per_node 1)")
-        return DDPSystem("local", model, cfg, dist, wrap=False)
+        if args.system == "local":
+            return DDPSystem("local", model, cfg, dist, wrap=False)
+        import deepspeed
+
+        engine, *_ = deepspeed.initialize(args=_engine_args(args), model=model,
+                                          model_parameters=model.parameters(), config=without_gravac(cfg))
+        engine.enable_backward_allreduce = False       # nothing crosses the wire, not even a 1-rank all-reduce
+        return EngineSystem("local_engine", engine, None, 1)
     if args.system in ("ddp", "ddp_powersgd"):
         rank = getattr(args, "powersgd_rank", 4) if args.system == "ddp_powersgd" else None
         return DDPSystem(args.system, model, cfg, dist, powersgd_rank=rank)

@@ -264,6 +264,10 @@ class Compressor:
     def reset(self, ctx: CompressCtx) -> None:
         """Clear a tensor's own memory (dense step, EF reset, world-size change)."""
 
+    def dense_sent(self, ctx: CompressCtx) -> None:
+        """``owns_state`` only: the compensated input was sent dense this step. Rule 1: clear the memory."""
+        self.reset(ctx)
+
     def state_dict(self) -> dict[str, dict[str, Any]]:
         return {"replicated": {}, "local": {}}
 

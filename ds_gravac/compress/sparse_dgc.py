@@ -34,6 +34,10 @@ class DGCParams(SparseParams):
     clip_norm: float = Field(0.0, ge=0.0)
     warmup_steps: int = Field(0, ge=0)
     warmup_stages: int = Field(4, ge=1)
+    # false (compressors.md rule 1): a dense step clears u and v. true: a dense step counts as a θ = 1 step — v is
+    # cleared, u only under momentum_masking — so without masking, dense steps (GraVAC's fallback, warm-up) keep
+    # heavy-ball momentum instead of restarting it every step.
+    dense_keeps_momentum: bool = False
 
 
 def _optimizer_chain(engine: Any) -> list[Any]:
@@ -131,6 +135,16 @@ class DGC(SparseCompressor):
             t = store.get(ctx.key)
             if t is not None:
                 t.zero_()
+
+    def dense_sent(self, ctx: CompressCtx) -> None:
+        if not self.params.dense_keeps_momentum:
+            self.reset(ctx)
+            return
+        v = self._v.get(ctx.key)
+        if v is not None:
+            v.zero_()
+            if self.params.momentum_masking:
+                self._u[ctx.key].zero_()
 
     def state_dict(self) -> dict[str, dict[str, Any]]:
         local = {k: {"u": self._u[k].clone(), "v": self._v[k].clone()} for k in self._u}

@@ -228,7 +228,7 @@ class CompressedBucket:
             self.residual.zero_()
         elif self.comp.owns_state:
             for ctx in self.ctxs:
-                self.comp.reset(ctx)
+                self.comp.dense_sent(ctx)
         red = DenseReduce([], rule, group, flat=self.staging)
         stats.bytes_sent += ring_allreduce_bytes(red.payload_bytes, self.world_size)
         stats.values_sent += self.bucket.numel

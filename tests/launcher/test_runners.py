@@ -203,13 +203,14 @@ def test_plain_deepspeed_shares_the_loop(work: dict, full: dict, tmp_path: Any) 
     assert all(k in records[0] for k in ("loss", "lr", "time/step", "samples_per_s", "bytes_sent"))
 
 
-def test_local_system_trains_alone(work: dict, tmp_path: Any) -> None:
-    """`--system local` (the benchmarks' compute-only row) runs one rank without communication."""
+@pytest.mark.parametrize("system", ["local", "local_engine"])
+def test_local_system_trains_alone(system: str, work: dict, tmp_path: Any) -> None:
+    """`--system local`/`local_engine` (the benchmarks' compute-only rows) run one rank without communication."""
     port = _free_port()
     env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", WANDB_MODE="offline", PYTHONPATH=ROOT,
                RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     proc = subprocess.run([sys.executable, CIFAR, "--deepspeed_config", work["config"], "--micro-batch", "8",
-                           "--steps", "3", "--system", "local", "--no-wandb", "--log-dir", str(tmp_path / "log")]
+                           "--steps", "3", "--system", system, "--no-wandb", "--log-dir", str(tmp_path / "log")]
                           + TINY_CIFAR, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     records = _jsonl(str(tmp_path / "log" / "steps.jsonl"))

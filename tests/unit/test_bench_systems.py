@@ -56,14 +56,15 @@ def test_ablation_option_rejects_bad_values(bad: str) -> None:
         ablation_matrix(bad)
 
 
-def test_local_system_refuses_more_than_one_rank() -> None:
+@pytest.mark.parametrize("system", ["local", "local_engine"])
+def test_local_system_refuses_more_than_one_rank(system: str) -> None:
     import argparse
 
     from runners.common import DistInfo, RunnerError
     from runners.systems import build_system
 
-    with pytest.raises(RunnerError, match="--system local.*2 ranks"):
-        build_system(argparse.Namespace(system="local"), {}, torch.nn.Linear(2, 2), DistInfo(0, 2, 0))
+    with pytest.raises(RunnerError, match=f"--system {system} .*2 ranks"):
+        build_system(argparse.Namespace(system=system), {}, torch.nn.Linear(2, 2), DistInfo(0, 2, 0))
 
 
 def test_theta_min_reaches_both_gravac_systems() -> None:
