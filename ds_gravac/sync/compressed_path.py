@@ -271,8 +271,8 @@ class CompressedBucket:
             val = rows.index_select(1, lay.bulk_val_pos).view(torch.float32).view(-1)
             self.out.index_add_(0, idx, val, alpha=scale)
             # Scattered clearing pays below ~5% density (measured on one CPU core: ~13 ns per position vs
-            # ~0.45 ns per element for a full clear of an uncached buffer). A non-finite value could spread to every entry (e.g. clipping by a NaN
-            # norm), so then everything is cleared next time.
+            # ~0.45 ns per element for a full clear of an uncached buffer). A non-finite value could spread to
+            # every entry (e.g. clipping by a NaN norm), so then everything is cleared next time.
             sparse = idx.numel() * 20 < self.out.numel()
             self._dirty = idx if sparse and bool(torch.isfinite(val).all()) else None
             return

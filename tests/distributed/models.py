@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import copy
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
@@ -101,3 +101,10 @@ class MoENet(nn.Module):
 def make_moe_model() -> nn.Module:
     torch.manual_seed(0)
     return MoENet()
+
+
+def force_dense(handle: Any, when: Callable[[int], bool]) -> None:
+    """Send the steps where ``when(step)`` holds dense through the controller's own ``force_dense`` branch (the
+    same steps on every rank, so every decision stays agreed)."""
+    decide = handle.sync.controller.decide
+    handle.sync.controller.decide = lambda step, lr, force_dense=False: decide(step, lr, force_dense or when(step))

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Optional
 
 import pytest
-import torch
 
 import models as M
 from harness import run_ranks
@@ -31,9 +30,7 @@ def _job(rank: int, world: int, dgc_params: Optional[dict], momentum: float) -> 
                   "min_compress_numel": 0}
         engine, *_ = ds_gravac.initialize(model=model, model_parameters=model.parameters(),
                                           config=M.ds_config(gravac))
-        controller = ds_gravac.get_handle(engine).sync.controller
-        decide = controller.decide
-        controller.decide = lambda step, lr, force_dense=False: decide(step, lr, True)
+        M.force_dense(ds_gravac.get_handle(engine), lambda step: True)
     M.train(engine, rank, STEPS)
     return M.params_of(engine)
 

@@ -26,10 +26,7 @@ def _job(rank: int, world: int, width: int, cf: float, dense_steps: frozenset[in
     engine, *_ = ds_gravac.initialize(model=model, model_parameters=model.parameters(),
                                       config=M.ds_config(gravac, lr=LR))
     handle = ds_gravac.get_handle(engine)
-    if dense_steps:       # the controller's own forced-dense branch, at the same steps on every rank
-        decide = handle.sync.controller.decide
-        handle.sync.controller.decide = lambda step, lr, force_dense=False: decide(step, lr,
-                                                                                   force_dense or step in dense_steps)
+    M.force_dense(handle, dense_steps.__contains__)
     M.train(engine, rank, STEPS)
     branches = [r["branch"] for r in handle.pop_stats()]
     params = M.params_of(engine)
