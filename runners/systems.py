@@ -340,6 +340,15 @@ def _engine_args(args: argparse.Namespace) -> argparse.Namespace:
     return ns
 
 
+def _plain_engine(args: argparse.Namespace, cfg: dict[str, Any], model: nn.Module) -> Any:
+    """A DeepSpeed engine on the config without its "gravac" section (no ds_gravac attached)."""
+    import deepspeed
+
+    engine, *_ = deepspeed.initialize(args=_engine_args(args), model=model, model_parameters=model.parameters(),
+                                      config=without_gravac(cfg))
+    return engine
+
+
 def build_system(args: argparse.Namespace, cfg: dict[str, Any], model: nn.Module, dist: DistInfo) -> System:
     """One of the four systems around ``model`` (already initialised identically on every rank)."""
     if args.system in ("local", "local_engine"):
@@ -348,21 +357,14 @@ def build_system(args: argparse.Namespace, cfg: dict[str, Any], model: nn.Module
                               f"{dist.world_size} ranks (start it without a launcher or with --nproc_per_node 1)")
         if args.system == "local":
             return DDPSystem("local", model, cfg, dist, wrap=False)
-        import deepspeed
-
-        engine, *_ = deepspeed.initialize(args=_engine_args(args), model=model,
-                                          model_parameters=model.parameters(), config=without_gravac(cfg))
+        engine = _plain_engine(args, cfg, model)
         engine.enable_backward_allreduce = False       # nothing crosses the wire, not even a 1-rank all-reduce
         return EngineSystem("local_engine", engine, None, 1)
     if args.system in ("ddp", "ddp_powersgd"):
         rank = getattr(args, "powersgd_rank", 4) if args.system == "ddp_powersgd" else None
         return DDPSystem(args.system, model, cfg, dist, powersgd_rank=rank)
     if args.system == "deepspeed":
-        import deepspeed
-
-        engine, *_ = deepspeed.initialize(args=_engine_args(args), model=model,
-                                          model_parameters=model.parameters(), config=without_gravac(cfg))
-        return EngineSystem("deepspeed", engine, None, dist.world_size)
+        return EngineSystem("deepspeed", _plain_engine(args, cfg, model), None, dist.world_size)
     import ds_gravac
 
     engine, *_ = ds_gravac.initialize(args=_engine_args(args), model=model, model_parameters=model.parameters(),
