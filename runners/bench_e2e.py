@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 from ds_gravac.integration.shm_buffer import PREFIX, SHM_DIR  # noqa: E402
 from runners.bench_report import report  # noqa: E402
 from runners.bench_systems import (QUICK_SYSTEMS, SMOKE_SYSTEMS, SystemSpec, ablation_ladder,  # noqa: E402
-                                   system_config, system_matrix)
+                                   resolve_system, system_config, system_matrix)
 
 VENV_BIN = Path(sys.executable).parent
 SCRIPTS = {"lstm": "runners/train_ptb.py"}
@@ -127,16 +127,18 @@ def check_sections(matrix: dict[str, SystemSpec], ids: list[str]) -> None:
             try:
                 parse_config(matrix[sid].gravac)
             except (GravacConfigError, ValueError) as err:
-                raise SystemExit(f"bench_e2e: system {sid} (--epsilon/--theta-min/--ablation): {err}") from None
+                raise SystemExit(f"bench_e2e: system {sid} (--epsilon/--theta-min/--ablation or an @key=value "
+                                 f"variant): {err}") from None
 
 
 def run_matrix(opts: argparse.Namespace) -> Path:
     matrix = ablation_matrix(opts.ablation) if opts.ablation else system_matrix(opts.steps, epsilon=opts.epsilon,
                                                                                  theta_min=opts.theta_min)
     ids = list(SMOKE_SYSTEMS if opts.smoke else (opts.systems.split(",") if opts.systems else matrix))
-    unknown = [i for i in ids if i not in matrix]
-    if unknown:
-        raise SystemExit(f"bench_e2e: unknown systems {unknown}; known: {', '.join(matrix)}")
+    try:
+        matrix = {sid: resolve_system(matrix, sid) for sid in ids}
+    except ValueError as err:
+        raise SystemExit(f"bench_e2e: --systems: {err}") from None
     check_sections(matrix, ids)
     net = "local" if opts.smoke else opts.rate
     out = Path(opts.out or ROOT / "bench_results" / f"{dt.date.today()}-{opts.model}-{net}")
@@ -208,7 +210,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     run.add_argument("--rate", default="1gbit")
     run.add_argument("--ranks", type=int, default=2)
     run.add_argument("--steps", type=int, default=30)
-    run.add_argument("--systems", default=None, help=f"comma list (default: all); quick set: {','.join(QUICK_SYSTEMS)}")
+    run.add_argument("--systems", default=None,
+                     help=f"comma list (default: all); quick set: {','.join(QUICK_SYSTEMS)}; a variant overrides "
+                     "top-level keys of a system's gravac section: gv_gravac@epsilon=0.1@theta_min=4")
     run.add_argument("--micro-batch", type=int, default=None)
     run.add_argument("--lr", type=float, default=None,
                      help="optimizer lr (default: 0.001 for the CNNs, the config's 0.1 for the LSTM)")

@@ -9,7 +9,8 @@ N = 2 has a memory of ~50 steps, longer than a whole 30-step run, so the gains w
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 MIN_NUMEL = 16384
@@ -72,6 +73,29 @@ def system_matrix(steps: int, epsilon: float = 0.7, theta_min: float = 10.0) -> 
                    "GraVAC over DGC with momentum_masking false"),
     ]
     return {s.id: s for s in specs}
+
+
+def resolve_system(matrix: dict[str, SystemSpec], sid: str) -> SystemSpec:
+    """``base@key=value@…``: a matrix system with top-level keys of its "gravac" section overridden (values read as
+    JSON), so one invocation compares e.g. GraVAC at several ε against the same DeepSpeed dense run."""
+    base, *overrides = sid.split("@")
+    if base not in matrix:
+        raise ValueError(f"unknown system '{base}'; known: {', '.join(matrix)}")
+    spec = matrix[base]
+    if not overrides:
+        return spec
+    if spec.gravac is None:
+        raise ValueError(f"system '{base}' has no \"gravac\" section to override ('{sid}')")
+    section = copy.deepcopy(spec.gravac)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or key not in section:
+            raise ValueError(f"'{sid}': expected @key=value with key one of {sorted(section)}, got '{item}'")
+        try:
+            section[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            section[key] = raw
+    return replace(spec, id=sid, gravac=section, note=f"{spec.note} ({', '.join(overrides)})".lstrip())
 
 
 def system_config(base: dict[str, Any], spec: SystemSpec) -> dict[str, Any]:

@@ -83,3 +83,39 @@ def test_bad_gravac_options_stop_before_any_cluster(tmp_path, flag: str, value: 
     with pytest.raises(SystemExit, match=f"(?s)gv_gravac.*{key}"):
         main(["run", "--systems", "gv_gravac", flag, value, "--out", str(out)])
     assert not out.exists()
+
+
+def test_system_variants_override_only_the_named_gravac_keys() -> None:
+    from runners.bench_systems import resolve_system
+
+    matrix = system_matrix(300, epsilon=0.3)
+    base = matrix["gv_gravac_dgc_nomask"]
+    variant = resolve_system(matrix, "gv_gravac_dgc_nomask@epsilon=0.1@theta_min=4")
+    assert variant.id == "gv_gravac_dgc_nomask@epsilon=0.1@theta_min=4" and variant.system == base.system
+    assert variant.gravac["epsilon"] == 0.1 and variant.gravac["theta_min"] == 4
+    assert {k: v for k, v in variant.gravac.items() if k not in ("epsilon", "theta_min")} == \
+        {k: v for k, v in base.gravac.items() if k not in ("epsilon", "theta_min")}
+    assert base.gravac["epsilon"] == 0.3                       # the matrix entry itself is untouched
+    parse_config(variant.gravac)
+    assert resolve_system(matrix, "ds_dense") is matrix["ds_dense"]
+
+
+@pytest.mark.parametrize("sid,match", [("gv_gravac@epsilon", "key=value"), ("gv_gravac@eps=0.1", "'eps=0.1'"),
+                                       ("ds_dense@epsilon=0.1", "no \"gravac\" section"),
+                                       ("gv_nothing@epsilon=0.1", "unknown system 'gv_nothing'")])
+def test_bad_system_variants_stop_before_any_cluster(tmp_path, sid: str, match: str) -> None:
+    from runners.bench_e2e import main
+
+    out = tmp_path / "never"
+    with pytest.raises(SystemExit, match=match):
+        main(["run", "--systems", f"compute_only,{sid}", "--out", str(out)])
+    assert not out.exists()
+
+
+def test_variant_values_are_validated_as_gravac_config(tmp_path) -> None:
+    from runners.bench_e2e import main
+
+    out = tmp_path / "never"
+    with pytest.raises(SystemExit, match="(?s)gv_gravac@epsilon=-2.*epsilon"):
+        main(["run", "--systems", "gv_gravac@epsilon=-2", "--out", str(out)])
+    assert not out.exists()
