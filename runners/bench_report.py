@@ -1,7 +1,9 @@
-"""Turn the per-system step records of one ``bench_e2e`` invocation into ``results.json``, ``results.md`` and
-plots (benchmarks.md §3, §5, §6). Pure post-processing: rerun with ``bench_e2e.py report <dir>``."""
+"""Turn the per-system step records of one ``bench_e2e`` invocation into ``results.json``, ``results.md``,
+``steps_loss_time.csv`` and plots (benchmarks.md §3, §5, §6). Pure post-processing: rerun with
+``bench_e2e.py report <dir>``."""
 from __future__ import annotations
 
+import csv
 import json
 import math
 import statistics
@@ -210,6 +212,17 @@ def validate(results: dict[str, Any]) -> None:
             raise ValueError(f"system {s['id']} step_time incomplete")
 
 
+def write_steps_csv(results: dict[str, Any], path: Path) -> None:
+    """Every system's per-step loss, step time and sent CF in one table (the curves behind the plots)."""
+    with open(path, "w", newline="") as fh:
+        out = csv.writer(fh)
+        out.writerow(["system", "step", "loss", "time_step", "cf_sent"])
+        for s in results["systems"]:
+            for i, (loss, t) in enumerate(zip(s["loss"], s["step_times"])):
+                cf = s["cf_sent"][i] if i < len(s["cf_sent"]) else None
+                out.writerow([s["id"], i + 1, f"{loss:.6g}", f"{t:.5g}", "" if cf is None else f"{cf:g}"])
+
+
 def report(outdir: Path) -> dict[str, Any]:
     """(Re)build results.json, results.md and plots from ``outdir/meta.json`` and the step files."""
     meta = json.loads((outdir / "meta.json").read_text())
@@ -222,5 +235,6 @@ def report(outdir: Path) -> dict[str, Any]:
     validate(results)
     (outdir / "results.json").write_text(json.dumps(results, indent=1))
     (outdir / "results.md").write_text(markdown(results))
+    write_steps_csv(results, outdir / "steps_loss_time.csv")
     plots(results, outdir / "plots")
     return results

@@ -21,6 +21,10 @@ def test_bench_e2e_smoke(tmp_path) -> None:
     for s in results["systems"]:
         assert s["bound"]["t_compute_measured"] and s["bound"]["t_compute"] == compute["step_time"]["median"]
     assert "Compute-only step T_compute" in (tmp_path / "results.md").read_text()
+    rows = (tmp_path / "steps_loss_time.csv").read_text().splitlines()
+    assert rows[0] == "system,step,loss,time_step,cf_sent" and len(rows) == 1 + 3 * 3
+    first = {r.split(",")[0]: float(r.split(",")[2]) for r in reversed(rows[1:])}   # step 1 of each system
+    assert first == {s["id"]: pytest.approx(s["loss"][0], rel=1e-5) for s in results["systems"]}
     assert not glob.glob("/dev/shm/deepspeed_allreduce_buffer_*_127.0.0.1_2970[01]_0"), "compute_only leaked shm"
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
         "bytes_per_step.png", "cf_vs_step.png", "loss_vs_wall.png", "step_breakdown.png"]
