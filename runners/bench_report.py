@@ -77,8 +77,9 @@ def add_comparisons(systems: list[dict], bandwidth_bps: Optional[float]) -> Opti
         target = ref["smoothed"][max(0, int(0.75 * len(ref["smoothed"])) - 1)]
     measured = by_id.get("compute_only", {}).get("step_time", {}).get("median")
     compute = measured if measured is not None else (by_id.get("gv_dense") or ref or {}).get("step_time", {}).get("compute")
-    for s in systems:
+    for s in systems:    # every time first: the references may come later in the run order
         s["time_to_target_s"] = time_to_target(s, target) if target is not None and loss_comparable(s) else None
+    for s in systems:
         for name, base in (("speedup_vs_ds_dense", by_id.get("ds_dense")), ("speedup_vs_topk10", by_id.get("gv_topk_10"))):
             mine, theirs = s["time_to_target_s"], base.get("time_to_target_s") if base else None
             s[name] = theirs / mine if mine and theirs else None
