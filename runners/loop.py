@@ -101,6 +101,19 @@ def run(task: Task, args: argparse.Namespace) -> None:
     train(task, system, args, dist, state, logger)
     logger.finish(f"{task.name} summary: system {system.name}, model {args.model}, {dist.world_size} ranks, "
                   f"config {os.path.basename(args.deepspeed_config)}", system.gradient_clipping())
+    shutdown(system)
+
+
+def shutdown(system: System) -> None:
+    """End together and close the process group before interpreter exit: a rank that tears gloo down on its own
+    while its peer is still connected can abort ("terminate called without an active exception", seen in CI
+    after a run had finished all its steps)."""
+    import torch.distributed as tdist
+
+    system.close()
+    if tdist.is_initialized():
+        tdist.barrier()
+        tdist.destroy_process_group()
 
 
 def _build(task: Task, args: argparse.Namespace, cfg: dict[str, Any], dist: DistInfo) -> System:

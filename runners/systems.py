@@ -98,6 +98,9 @@ class System:
     def load_local_state(self, state: dict[str, Any]) -> None:
         pass
 
+    def close(self) -> None:
+        """Release what the system attached (ds_gravac's hooks and pending exchanges) at the end of a run."""
+
     def set_train(self, mode: bool) -> None:
         self.module.train(mode)
 
@@ -150,6 +153,10 @@ class EngineSystem(System):
 
     def set_train(self, mode: bool) -> None:
         self.engine.train(mode)
+
+    def close(self) -> None:
+        if self.handle is not None and self.handle.sync is not None:
+            self.handle.sync.drain()      # the last step's pipelined statistics exchange (as the HF callback does)
 
 
 class DDPSystem(System):
