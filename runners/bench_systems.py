@@ -76,8 +76,9 @@ def system_matrix(steps: int, epsilon: float = 0.7, theta_min: float = 10.0) -> 
 
 
 def resolve_system(matrix: dict[str, SystemSpec], sid: str) -> SystemSpec:
-    """``base@key=value@…``: a matrix system with top-level keys of its "gravac" section overridden (values read as
-    JSON), so one invocation compares e.g. GraVAC at several ε against the same DeepSpeed dense run."""
+    """``base@key=value@…``: a matrix system with top-level keys of its "gravac" section overridden or added (values
+    read as JSON), so one invocation compares e.g. GraVAC at several ε, or with ``gain_denominator=raw``, against the
+    same DeepSpeed dense run. Values are validated with the whole section before any cluster comes up."""
     base, *overrides = sid.split("@")
     if base not in matrix:
         raise ValueError(f"unknown system '{base}'; known: {', '.join(matrix)}")
@@ -86,11 +87,15 @@ def resolve_system(matrix: dict[str, SystemSpec], sid: str) -> SystemSpec:
         return spec
     if spec.gravac is None:
         raise ValueError(f"system '{base}' has no \"gravac\" section to override ('{sid}')")
+    from ds_gravac.config import GravacConfig
+
+    keys = sorted(GravacConfig.model_fields)
     section = copy.deepcopy(spec.gravac)
     for item in overrides:
         key, sep, raw = item.partition("=")
-        if not sep or key not in section:
-            raise ValueError(f"'{sid}': expected @key=value with key one of {sorted(section)}, got '{item}'")
+        if not sep or key not in keys:
+            raise ValueError(f"'{sid}': expected @key=value with key a top-level \"gravac\" key "
+                             f"({', '.join(keys)}), got '{item}'")
         try:
             section[key] = json.loads(raw)
         except json.JSONDecodeError:

@@ -98,11 +98,15 @@ def test_system_variants_override_only_the_named_gravac_keys() -> None:
     assert base.gravac["epsilon"] == 0.3                       # the matrix entry itself is untouched
     parse_config(variant.gravac)
     assert resolve_system(matrix, "ds_dense") is matrix["ds_dense"]
+    added = resolve_system(matrix, "gv_gravac@gain_denominator=raw")   # a key the matrix entry does not set
+    assert "gain_denominator" not in matrix["gv_gravac"].gravac
+    assert parse_config(added.gravac).gain_denominator == "raw"
 
 
 @pytest.mark.parametrize("sid,match", [("gv_gravac@epsilon", "key=value"), ("gv_gravac@eps=0.1", "'eps=0.1'"),
                                        ("ds_dense@epsilon=0.1", "no \"gravac\" section"),
-                                       ("gv_nothing@epsilon=0.1", "unknown system 'gv_nothing'")])
+                                       ("gv_nothing@epsilon=0.1", "unknown system 'gv_nothing'"),
+                                       ("gv_gravac@gain_denominator=both", "gain_denominator")])
 def test_bad_system_variants_stop_before_any_cluster(tmp_path, sid: str, match: str) -> None:
     from runners.bench_e2e import main
 
