@@ -1,10 +1,17 @@
 """PyTorch's powerSGD_hook on gloo with several DDP buckets: the bucket-serialized wrapper (runners/ddp_hooks.py)
 completes where the plain hook hangs, keeps the replicas identical, really compresses, and returns exactly what
-the unwrapped hook returns when there is only one bucket (so the wrapper changes the order, never the numbers)."""
+the unwrapped hook returns when there is only one bucket (so the wrapper changes the order, never the numbers).
+
+"Exactly" is up to PowerSGD's own run-to-run variation: on AMD EPYC two identical runs of the plain hook in one
+process already differ by ~1 ulp in the final weights (its QR/matmul kernels are not bitwise reproducible there),
+so the wrapped run is compared with two plain runs and may differ from the first by no more than they differ
+from each other (plus one float32 ulp of the weights' magnitude)."""
 from __future__ import annotations
 
 import os
 import sys
+
+import torch
 
 from harness import run_ranks
 
@@ -45,7 +52,8 @@ def _job(rank: int, world: int) -> dict:
     many = _train(rank, bucket_cap_mb=0.03, wrap=True, steps=8)
     one_wrapped = _train(rank, bucket_cap_mb=100, wrap=True, steps=5)
     one_plain = _train(rank, bucket_cap_mb=100, wrap=False, steps=5)
-    return {"many": many, "one_wrapped": one_wrapped, "one_plain": one_plain}
+    one_plain_again = _train(rank, bucket_cap_mb=100, wrap=False, steps=5)
+    return {"many": many, "one_wrapped": one_wrapped, "one_plain": one_plain, "one_plain_again": one_plain_again}
 
 
 def test_serialized_powersgd_hook_with_many_buckets_on_gloo() -> None:
@@ -57,5 +65,9 @@ def test_serialized_powersgd_hook_with_many_buckets_on_gloo() -> None:
     assert ratio > 5, f"PowerSGD really compressed (ratio {ratio})"
     assert r0["one_wrapped"][2] == 1
     for key, value in r0["one_plain"][1].items():
-        assert value.equal(r0["one_wrapped"][1][key]), f"{key}: the wrapper must not change PowerSGD's result"
+        own_noise = float((value - r0["one_plain_again"][1][key]).abs().max())
+        ulp = float(torch.finfo(torch.float32).eps * value.abs().max())
+        diff = float((value - r0["one_wrapped"][1][key]).abs().max())
+        assert diff <= own_noise + ulp, f"{key}: the wrapper changed PowerSGD's result by {diff:g} (plain runs differ " \
+                                        f"by {own_noise:g})"
     assert r0["one_plain"][0] == r0["one_wrapped"][0]
