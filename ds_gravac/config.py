@@ -1,7 +1,9 @@
 """Pydantic models of the top-level ``"gravac"`` section of the DeepSpeed config (architecture.md §9).
 
 Strict like DeepSpeed's own sections: unknown keys are errors, defaults are validated, ``"auto"`` means "not set"
-(Hugging Face configs use it). Every validation problem surfaces as one :class:`GravacConfigError`.
+(Hugging Face configs use it). Types are strict as well: ``"cf": "10"``, ``"enabled": "false"`` or ``"cf": true``
+are errors, not silently coerced (a JSON ``true`` would otherwise become CF 1.0, i.e. no compression). Every
+validation problem surfaces as one :class:`GravacConfigError`.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ class StrictModel(BaseModel):
     """Mirror of DeepSpeed's ``DeepSpeedConfigModel`` settings."""
 
     model_config = ConfigDict(extra="forbid", validate_default=True, validate_assignment=True,
-                              populate_by_name=True, use_enum_values=True)
+                              populate_by_name=True, use_enum_values=True, strict=True)
 
 
 class CompressorSpec(StrictModel):
@@ -73,6 +75,12 @@ class CheckpointConfig(StrictModel):
     on_world_size_change: Literal["reset", "error"] = "reset"
 
 
+class DebugConfig(StrictModel):
+    """Switches for diagnosing hangs; config keys (never per-rank environment variables), so every rank agrees."""
+
+    check_plans: bool = False     # all-reduce a hash of every step's bucket actions and fail on a mismatch
+
+
 class GravacConfig(StrictModel):
     # general
     enabled: bool = True
@@ -92,7 +100,7 @@ class GravacConfig(StrictModel):
     scaling_policy: Literal["exponential", "geometric"] = "exponential"
     step_size: float = Field(2.0, gt=1)
     ewma_alpha: Optional[float] = Field(None, gt=0, le=1)
-    ewma_alpha_range: tuple[float, float] = (0.01, 0.5)
+    ewma_alpha_range: list[float] = Field(default_factory=lambda: [0.01, 0.5])
     gain_ewma: Literal["ratio_of_ewmas", "ewma_of_ratio"] = "ratio_of_ewmas"
     gain_denominator: Literal["ef", "raw"] = "ef"
     decision: Literal["pipelined", "strict"] = "pipelined"
@@ -112,9 +120,13 @@ class GravacConfig(StrictModel):
     sparse_fallback: bool = True
     quantized_exchange: Literal["auto", "ps", "allgather"] = "auto"
     cost_model: CostModelConfig = Field(default_factory=CostModelConfig)
-    # telemetry and checkpoints
+    # faults
+    nonfinite: Literal["dense", "raise"] = "dense"
+    timeout_s: float = Field(300.0, gt=0, le=86400)
+    # telemetry, checkpoints, diagnostics
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    debug: DebugConfig = Field(default_factory=DebugConfig)
 
     @field_validator("compressor", mode="before")
     @classmethod
@@ -123,7 +135,9 @@ class GravacConfig(StrictModel):
 
     @field_validator("ewma_alpha_range")
     @classmethod
-    def _alpha_range(cls, v: tuple[float, float]) -> tuple[float, float]:
+    def _alpha_range(cls, v: list[float]) -> list[float]:
+        if len(v) != 2:
+            raise ValueError(f"ewma_alpha_range must be [lo, hi], got {len(v)} values")
         lo, hi = v
         if not 0 < lo <= hi <= 1:
             raise ValueError(f"ewma_alpha_range ({lo}, {hi}) must satisfy 0 < lo <= hi <= 1")
@@ -134,7 +148,8 @@ class GravacConfig(StrictModel):
         if self.theta_min >= self.theta_max:
             raise ValueError(f"theta_min ({self.theta_min:g}) must be < theta_max ({self.theta_max:g})")
         if self.window < 2 * self.refresh_steps:
-            raise ValueError(f"window ({self.window}) must be >= 2 * refresh_steps ({self.refresh_steps})")
+            raise ValueError(f"window ({self.window}) must be >= 2 * refresh_steps = {2 * self.refresh_steps} "
+                             f"(refresh_steps is {self.refresh_steps})")
         if self.mode == "accordion" and self.accordion.interval_steps is None:
             raise ValueError("accordion.interval_steps is required when mode is 'accordion'")
         return self

@@ -155,8 +155,8 @@ class EngineSystem(System):
         self.engine.train(mode)
 
     def close(self) -> None:
-        if self.handle is not None and self.handle.sync is not None:
-            self.handle.sync.drain()      # the last step's pipelined statistics exchange (as the HF callback does)
+        if self.handle is not None:
+            self.handle.drain()      # the last step's pipelined statistics exchange (as the HF callback does)
 
 
 class DDPSystem(System):

@@ -88,7 +88,7 @@ class GravacHandle:
         check_agreement(agree, None, "the 'gravac' config differs across ranks")
         release_shm_buffer(rank)    # every rank has mapped the peers' buffers by now (shm_buffer.py)
         self.compressor = comp
-        self.channels = Channels.create()
+        self.channels = Channels.create(cfg.timeout_s)
         self.controller = build_controller(cfg)
         rule = ReduceRule.from_engine(eng, world)
         if cfg.telemetry.jsonl and ("{rank}" in cfg.telemetry.jsonl or rank == 0):
@@ -146,6 +146,11 @@ class GravacHandle:
         self.active = False
         if getattr(self.engine, HANDLE_ATTR, None) is self:
             delattr(self.engine, HANDLE_ATTR)
+
+    def drain(self) -> None:
+        """Wait for the last step's pending statistics exchange (before exit, checkpoints, or reading stats)."""
+        if self.sync is not None:
+            self.sync.drain()
 
     # ---- metrics ----------------------------------------------------------------------------------------
     def last_stats(self) -> dict[str, Any]:

@@ -78,8 +78,8 @@ class GravacCallback(TrainerCallback):
             wandb.log(metrics)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.handle is not None and self.handle.sync is not None:
-            self.handle.sync.drain()
+        if self.handle is not None:
+            self.handle.drain()
 
 
 def _tag_dir(checkpoint_dir: str) -> Optional[str]:

@@ -1,10 +1,17 @@
 """The only module that issues collectives (through ``deepspeed.comm``), on three channels created in a
-fixed order on every rank: ch0 control, ch1 first-round data, ch2 second-round data (synchronization.md §2)."""
+fixed order on every rank: ch0 control, ch1 first-round data, ch2 second-round data.
+
+Every channel is a process group created with ``timeout_s``: a collective that a peer never joins (the peer was
+stopped, hangs, or its network went away) fails after that many seconds with a :class:`GravacError` naming the
+collective, instead of waiting for gloo's 30-minute default. ``deepspeed.comm.new_group`` takes no timeout, so the
+groups come from ``torch.distributed.new_group`` (which is what deepspeed.comm's torch backend calls anyway); the
+collectives themselves go through ``deepspeed.comm``."""
 from __future__ import annotations
 
 import time
 import warnings
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, Optional
 
 import torch
@@ -17,6 +24,13 @@ from ..errors import GravacError
 warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.* is deprecated", category=FutureWarning)
 
 
+def collective_failed(what: str, exc: BaseException) -> GravacError:
+    """The error every rank sees when one of our collectives fails (timeout, dead peer, size mismatch)."""
+    return GravacError(f"ds_gravac: collective {what} failed: {str(exc).strip().splitlines()[0] if str(exc) else exc!r}"
+                       f" (a peer rank stopped responding, died, or issued a different collective; ds_gravac's "
+                       f"collectives time out after the 'timeout_s' config key)")
+
+
 @dataclass
 class Work:
     """An in-flight collective with its launch time; ``finish_t`` is set when it was waited for."""
@@ -24,15 +38,22 @@ class Work:
     handle: Any
     launch_t: float
     nbytes: int
+    what: str = "collective"
     finish_t: Optional[float] = None
 
     def wait(self) -> float:
         """Block until done; returns the seconds spent blocked."""
         t0 = time.perf_counter()
         if self.handle is not None:
-            self.handle.wait()
+            try:
+                self.handle.wait()
+            except RuntimeError as exc:
+                raise collective_failed(self.what, exc) from exc
         self.finish_t = time.perf_counter()
         return self.finish_t - t0
+
+    def is_completed(self) -> bool:
+        return self.handle is None or bool(self.handle.is_completed())
 
 
 @dataclass
@@ -44,9 +65,11 @@ class Channels:
     groups: list[Any] = field(default_factory=list)
 
     @classmethod
-    def create(cls) -> "Channels":
+    def create(cls, timeout_s: float) -> "Channels":
+        import torch.distributed as tdist
         n = dist.get_world_size()
-        groups = [dist.new_group(ranks=list(range(n))) for _ in range(3)]
+        timeout = timedelta(seconds=float(timeout_s))
+        groups = [tdist.new_group(ranks=list(range(n)), timeout=timeout) for _ in range(3)]
         return cls(world_size=n, rank=dist.get_rank(), groups=groups)
 
     @property
@@ -67,30 +90,39 @@ def _nonempty(t: torch.Tensor, what: str) -> None:
         raise GravacError(f"ds_gravac: refusing to issue an empty {what} (gloo hangs on empty inputs)")
 
 
-def all_reduce_async(t: torch.Tensor, group: Any) -> Work:
+def _issue(what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    try:
+        return fn(*args, **kwargs)
+    except RuntimeError as exc:
+        raise collective_failed(what, exc) from exc
+
+
+def all_reduce_async(t: torch.Tensor, group: Any, what: str = "all_reduce") -> Work:
     _nonempty(t, "all_reduce")
     t0 = time.perf_counter()
-    return Work(dist.all_reduce(t, group=group, async_op=True), t0, t.numel() * t.element_size())
+    return Work(_issue(what, dist.all_reduce, t, group=group, async_op=True), t0, t.numel() * t.element_size(),
+                what)
 
 
-def all_gather_async(out: torch.Tensor, t: torch.Tensor, group: Any) -> Work:
+def all_gather_async(out: torch.Tensor, t: torch.Tensor, group: Any, what: str = "all_gather") -> Work:
     _nonempty(t, "all_gather")
     t0 = time.perf_counter()
-    return Work(dist.all_gather_into_tensor(out, t, group=group, async_op=True), t0,
-                t.numel() * t.element_size())
+    return Work(_issue(what, dist.all_gather_into_tensor, out, t, group=group, async_op=True), t0,
+                t.numel() * t.element_size(), what)
 
 
-def broadcast(t: torch.Tensor, src: int, group: Any) -> None:
+def broadcast(t: torch.Tensor, src: int, group: Any, what: str = "broadcast") -> None:
     _nonempty(t, "broadcast")
-    dist.broadcast(t, src=src, group=group)
+    _issue(what, dist.broadcast, t, src=src, group=group)
 
 
-def agree_min_max(values: torch.Tensor, group: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def agree_min_max(values: torch.Tensor, group: Any, what: str = "agreement check") -> tuple[torch.Tensor,
+                                                                                          torch.Tensor]:
     """MIN and MAX over ranks of an int64/float64 vector (attach hash, agreement checks)."""
     lo = values.clone()
     hi = values.clone()
-    dist.all_reduce(lo, op=dist.ReduceOp.MIN, group=group)
-    dist.all_reduce(hi, op=dist.ReduceOp.MAX, group=group)
+    _issue(what, dist.all_reduce, lo, op=dist.ReduceOp.MIN, group=group)
+    _issue(what, dist.all_reduce, hi, op=dist.ReduceOp.MAX, group=group)
     return lo, hi
 
 

@@ -2,7 +2,6 @@
 launches during backward, finish at the end of backward, stats exchange on ch0 for the next decision."""
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -144,7 +143,7 @@ class Synchronizer:
         probes = tuple(float(self.comp.realize_cf(p)) for p in decision.probe_levels)
         self.ctx = StepContext(step=step, decision=decision, probes=probes, actions=self._actions(decision, step),
                                pending=[len(b.members) for b in self.plan.buckets], t_begin=t0)
-        if os.environ.get("GRAVAC_DEBUG_AGREEMENT") == "1":
+        if self.config.debug.check_plans:
             check_agreement(stable_hash(repr((step, decision, self.ctx.actions))), self.channels.control,
                             f"ranks disagree on the plan of step {step}")
 

@@ -36,7 +36,7 @@ CONFIG_CASES = {
     "bad_mode": ({"mode": "fast"}, "Input should be 'gravac', 'static', 'accordion' or 'dense'"),
     "cf_range": ({"mode": "static", "cf": 0.5}, "cf\n  Input should be greater than or equal to 1"),
     "theta_order": ({"theta_min": 100, "theta_max": 10}, "theta_min (100) must be < theta_max (10)"),
-    "window": ({"window": 30, "refresh_steps": 20}, "window (30) must be >= 2 * refresh_steps (20)"),
+    "window": ({"window": 30, "refresh_steps": 20}, "window (30) must be >= 2 * refresh_steps = 40"),
     "bucket_cap": ({"bucket_cap_mb": 0}, "bucket_cap_mb\n  Input should be greater than 0"),
     "accordion_interval": ({"mode": "accordion"}, "accordion.interval_steps is required"),
     "unknown_compressor": ({"mode": "static", "compressor": "zip"}, "unknown compressor 'zip'; registered:"),
