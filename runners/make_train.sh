@@ -19,7 +19,6 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 export DS_ACCELERATOR="${DS_ACCELERATOR:-cpu}"
 export WANDB_MODE="${WANDB_MODE:-offline}"
 export WANDB_SILENT="${WANDB_SILENT:-true}"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 RUNNER=runners/train_cifar.py
 EXTRA=()

@@ -9,22 +9,18 @@ Evaluation reports top-1 and top-5 accuracy on the held-out split (CIFAR test se
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 from typing import Any, Optional
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # run as a script
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import Dataset, Subset
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.utils.data import Dataset, Subset  # noqa: E402
-
-from runners import data as D  # noqa: E402
-from runners.common import DistInfo, RunnerError, base_parser, finish_parser  # noqa: E402
-from runners.loop import AllSum, Task, main  # noqa: E402
-from runners.models import build_model  # noqa: E402
-from runners.systems import System  # noqa: E402
+from runners import data as D
+from runners.common import DistInfo, RunnerError, base_parser, finish_parser
+from runners.loop import AllSum, Task, main
+from runners.models import build_model
+from runners.systems import System
 
 CIFAR_CLASSES = {"cifar10": 10, "cifar100": 100}
 CIFAR_MODELS = ("resnet101", "vgg16", "resnet18", "tiny_cnn")

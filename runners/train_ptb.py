@@ -10,21 +10,17 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import sys
 from typing import Any, Optional
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # run as a script
+import torch
+import torch.nn.functional as F
+from torch import nn
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch import nn  # noqa: E402
-
-from runners import data as D  # noqa: E402
-from runners.common import DistInfo, RunnerError, base_parser, finish_parser  # noqa: E402
-from runners.loop import AllSum, Task, main  # noqa: E402
-from runners.models import LSTM_PRESETS, build_model, detach_hidden  # noqa: E402
-from runners.systems import System  # noqa: E402
+from runners import data as D
+from runners.common import DistInfo, RunnerError, base_parser, finish_parser
+from runners.loop import AllSum, Task, main
+from runners.models import LSTM_PRESETS, build_model, detach_hidden
+from runners.systems import System
 
 EVAL_BATCH = 10     # columns of the batchified valid split (the classic word-LM value)
 

@@ -8,14 +8,9 @@ so the wrapped run is compared with two plain runs and may differ from the first
 from each other (plus one float32 ulp of the weights' magnitude)."""
 from __future__ import annotations
 
-import os
-import sys
-
 import torch
 
 from harness import run_ranks
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _train(rank: int, bucket_cap_mb: float, wrap: bool, steps: int) -> tuple[list, dict, int, float]:
@@ -24,7 +19,6 @@ def _train(rank: int, bucket_cap_mb: float, wrap: bool, steps: int) -> tuple[lis
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ps
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    sys.path.insert(0, ROOT)
     from runners.ddp_hooks import serialized
 
     torch.manual_seed(0)

@@ -36,8 +36,7 @@ def _free_port() -> str:
 def launch(args: list[str], launcher: str = "deepspeed", timeout: float = 240,
            check: bool = True) -> subprocess.CompletedProcess:
     """A real 2-rank launch with the supported environment; never touches the network (wandb offline)."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", WANDB_MODE="offline", WANDB_SILENT="true",
-               PYTHONPATH=ROOT)
+    env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", WANDB_MODE="offline", WANDB_SILENT="true")
     port = _free_port()
     if launcher == "deepspeed":
         cmd = [os.path.join(BIN, "deepspeed"), "--master_port", port, "--num_gpus", "2"]
@@ -207,7 +206,7 @@ def test_plain_deepspeed_shares_the_loop(work: dict, full: dict, tmp_path: Any) 
 def test_local_system_trains_alone(system: str, work: dict, tmp_path: Any) -> None:
     """`--system local`/`local_engine` (the benchmarks' compute-only rows) run one rank without communication."""
     port = _free_port()
-    env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", WANDB_MODE="offline", PYTHONPATH=ROOT,
+    env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", WANDB_MODE="offline",
                RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     proc = subprocess.run([sys.executable, CIFAR, "--deepspeed_config", work["config"], "--micro-batch", "8",
                            "--steps", "3", "--system", system, "--no-wandb", "--log-dir", str(tmp_path / "log")]
@@ -274,7 +273,7 @@ def test_deepspeed_wandb_monitor_is_refused(tmp_path: Any) -> None:
     cfg["wandb"] = {"enabled": True, "project": "x"}
     with open(cfg_path, "w", encoding="utf-8") as f:
         json.dump(cfg, f)
-    env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", WANDB_MODE="offline", PYTHONPATH=ROOT)
+    env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", WANDB_MODE="offline")
     proc = subprocess.run([sys.executable, CIFAR, "--deepspeed_config", cfg_path, "--log-dir", str(tmp_path / "l")]
                           + TINY_CIFAR, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
