@@ -33,7 +33,7 @@ train: setup
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH bash runners/make_train.sh "$(MODEL)" "$(CONFIG)"
 
 bench: setup
-	$(PY) runners/bench_compressors.py --sets resnet101 --out bench_results/micro.json
+	$(PY) -m ds_gravac_bench.micro --sets resnet101 --out bench_results/micro.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

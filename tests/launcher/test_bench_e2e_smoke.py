@@ -9,8 +9,8 @@ import pytest
 
 @pytest.mark.launcher
 def test_bench_e2e_smoke(tmp_path) -> None:
-    from runners.bench_e2e import main
-    from runners.bench_report import validate
+    from ds_gravac_bench.e2e import main
+    from ds_gravac_bench.report import validate
     main(["run", "--smoke", "--out", str(tmp_path)])
     results = json.loads((tmp_path / "results.json").read_text())
     validate(results)

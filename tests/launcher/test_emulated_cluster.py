@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from runners import netns
-from runners.emulated_cluster import ROOT, EmulatedCluster, fit_line, parse_sizes, wire_factor
-from runners.netns import ClusterError
+from ds_gravac_bench import netns
+from ds_gravac_bench.cluster import ROOT, EmulatedCluster, fit_line, parse_sizes, wire_factor
+from ds_gravac_bench.netns import ClusterError
 
 PROBE_TAG, JOB_TAG, SIGNAL_TAG, ERROR_TAG = 76, 77, 78, 79
 
@@ -84,7 +84,7 @@ def test_bandwidth_and_two_node_ds_gravac_job(namespaces: None, tmp_path: Path) 
 
 SIGNAL_SCRIPT = """
 import sys, time
-from runners.emulated_cluster import EmulatedCluster
+from ds_gravac_bench.cluster import EmulatedCluster
 with EmulatedCluster(ranks=2, rate="100mbit", tag=int(sys.argv[1]), outdir=sys.argv[2]) as cluster:
     print(cluster.spawn(1, ["sleep", "300"]).pid, flush=True)
     time.sleep(300)
@@ -94,7 +94,7 @@ with EmulatedCluster(ranks=2, rate="100mbit", tag=int(sys.argv[1]), outdir=sys.a
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_signal_tears_down(namespaces: None, tmp_path: Path, sig: signal.Signals) -> None:
     driver = subprocess.Popen([sys.executable, "-c", SIGNAL_SCRIPT, str(SIGNAL_TAG), str(tmp_path)], cwd=ROOT,
-                              stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                              stdout=subprocess.PIPE, text=True)
     try:
         ready, _, _ = select.select([driver.stdout], [], [], 60)
         assert ready, "the driver did not bring the cluster up within 60 s"

@@ -1,9 +1,9 @@
-"""bench_report's comparisons do not depend on the order the systems ran in."""
+"""The e2e report's comparisons do not depend on the order the systems ran in."""
 from __future__ import annotations
 
 import pytest
 
-from runners.bench_report import add_comparisons, system_summary
+from ds_gravac_bench.report import add_comparisons, system_summary
 
 
 def _records(step_s: float, losses: list[float]) -> list[dict]:

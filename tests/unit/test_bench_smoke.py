@@ -1,11 +1,11 @@
-"""``runners/bench_compressors.py --smoke`` runs in-process and writes a well-formed report (no timing checks)."""
+"""``python -m ds_gravac_bench.micro --smoke`` runs in-process and writes a well-formed report (no timing checks)."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
 from ds_gravac.compress.registry import registered_names
-from runners.bench_compressors import main
+from ds_gravac_bench.micro import main
 
 STAT_KEYS = {"median", "p10", "p90", "n"}
 

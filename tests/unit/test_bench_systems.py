@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from ds_gravac.config import parse_config
-from runners.bench_systems import system_matrix
+from ds_gravac_bench.systems import system_matrix
 
 
 @pytest.mark.parametrize("steps,window,alpha", [(30, 3, 0.5), (40, 4, 0.4), (300, 30, 0.065)])
@@ -24,7 +24,7 @@ def test_every_gravac_section_is_a_valid_config() -> None:
 def test_powersgd_rows_run_both_ranks_through_the_runner_option() -> None:
     from pathlib import Path
 
-    from runners.bench_e2e import runner_args
+    from ds_gravac_bench.e2e import runner_args
 
     matrix = system_matrix(30)
     for sid, rank in (("ddp_powersgd", "4"), ("ddp_powersgd_r1", "1")):
@@ -34,7 +34,7 @@ def test_powersgd_rows_run_both_ranks_through_the_runner_option() -> None:
 
 
 def test_ablation_ladder_rungs_differ_only_in_overlap_and_bulk() -> None:
-    from runners.bench_e2e import ablation_matrix
+    from ds_gravac_bench.e2e import ablation_matrix
 
     ladder = ablation_matrix("topk:100")
     assert list(ladder)[:3] == ["compute_only", "ds_dense", "gv_dense"]
@@ -50,7 +50,7 @@ def test_ablation_ladder_rungs_differ_only_in_overlap_and_bulk() -> None:
 
 @pytest.mark.parametrize("bad", ["topk", "powersgd:4", "topk:0.5", "topk:x"])
 def test_ablation_option_rejects_bad_values(bad: str) -> None:
-    from runners.bench_e2e import ablation_matrix
+    from ds_gravac_bench.e2e import ablation_matrix
 
     with pytest.raises(SystemExit, match="--ablation"):
         ablation_matrix(bad)
@@ -77,7 +77,7 @@ def test_theta_min_reaches_both_gravac_systems() -> None:
 @pytest.mark.parametrize("flag,value,key", [("--theta-min", "0.5", "theta_min"), ("--epsilon", "-1", "epsilon"),
                                             ("--theta-min", "1000", "theta_min")])
 def test_bad_gravac_options_stop_before_any_cluster(tmp_path, flag: str, value: str, key: str) -> None:
-    from runners.bench_e2e import main
+    from ds_gravac_bench.e2e import main
 
     out = tmp_path / "never"
     with pytest.raises(SystemExit, match=f"(?s)gv_gravac.*{key}"):
@@ -86,7 +86,7 @@ def test_bad_gravac_options_stop_before_any_cluster(tmp_path, flag: str, value: 
 
 
 def test_system_variants_override_only_the_named_gravac_keys() -> None:
-    from runners.bench_systems import resolve_system
+    from ds_gravac_bench.systems import resolve_system
 
     matrix = system_matrix(300, epsilon=0.3)
     base = matrix["gv_gravac_dgc_nomask"]
@@ -108,7 +108,7 @@ def test_system_variants_override_only_the_named_gravac_keys() -> None:
                                        ("gv_nothing@epsilon=0.1", "unknown system 'gv_nothing'"),
                                        ("gv_gravac@gain_denominator=both", "gain_denominator")])
 def test_bad_system_variants_stop_before_any_cluster(tmp_path, sid: str, match: str) -> None:
-    from runners.bench_e2e import main
+    from ds_gravac_bench.e2e import main
 
     out = tmp_path / "never"
     with pytest.raises(SystemExit, match=match):
@@ -117,7 +117,7 @@ def test_bad_system_variants_stop_before_any_cluster(tmp_path, sid: str, match: 
 
 
 def test_variant_values_are_validated_as_gravac_config(tmp_path) -> None:
-    from runners.bench_e2e import main
+    from ds_gravac_bench.e2e import main
 
     out = tmp_path / "never"
     with pytest.raises(SystemExit, match="(?s)gv_gravac@epsilon=-2.*epsilon"):

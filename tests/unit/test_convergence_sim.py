@@ -1,10 +1,11 @@
-"""The independent convergence simulation (runners/convergence_sim.py) implements the update rules it claims."""
+"""The independent convergence simulation (ds_gravac_bench/convergence_sim.py) implements the update rules it
+claims."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from runners.convergence_sim import SimulatedRanks, run
+from ds_gravac_bench.convergence_sim import SimulatedRanks, run
 
 
 def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:

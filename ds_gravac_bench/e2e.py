@@ -1,13 +1,13 @@
 """End-to-end comparison on the emulated cluster (benchmarks.md §3): DeepSpeed dense, ds_gravac dense, PyTorch DDP
 (+ PowerSGD hook), static Top-k/DGC, Accordion and GraVAC — same model, data, seed and network, one invocation.
 
-    python runners/bench_e2e.py run --model resnet101 --rate 1gbit --ranks 2 --steps 30
-    python runners/bench_e2e.py report bench_results/<dir>
-    python runners/bench_e2e.py run --smoke          # no namespaces: 127.0.0.1, tiny model, 3 steps, 2 systems
-    python runners/bench_e2e.py run --ablation topk:100 --rate 1gbit    # dense → no overlap/bulk → +overlap → +bulk
+    python -m ds_gravac_bench.e2e run --model resnet101 --rate 1gbit --ranks 2 --steps 30
+    python -m ds_gravac_bench.e2e report bench_results/<dir>
+    python -m ds_gravac_bench.e2e run --smoke        # no namespaces: 127.0.0.1, tiny model, 3 steps, 2 systems
+    python -m ds_gravac_bench.e2e run --ablation topk:100 --rate 1gbit  # dense → no overlap/bulk → +overlap → +bulk
 
-Needs root for the namespaces (runners/emulated_cluster.py). Writes ``<out>/meta.json``, per-system
-``systems/<id>/steps.jsonl`` and logs, then ``results.json``, ``results.md`` and ``plots/`` (bench_report.py).
+Needs root for the namespaces (ds_gravac_bench/cluster.py). Writes ``<out>/meta.json``, per-system
+``systems/<id>/steps.jsonl`` and logs, then ``results.json``, ``results.md`` and ``plots/`` (report.py).
 """
 from __future__ import annotations
 
@@ -21,14 +21,12 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from ds_gravac.integration.shm_buffer import PREFIX, SHM_DIR
+from ds_gravac_bench.report import report
+from ds_gravac_bench.systems import (QUICK_SYSTEMS, SMOKE_SYSTEMS, SystemSpec, ablation_ladder, resolve_system,
+                                     system_config, system_matrix)
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from ds_gravac.integration.shm_buffer import PREFIX, SHM_DIR  # noqa: E402
-from runners.bench_report import report  # noqa: E402
-from runners.bench_systems import (QUICK_SYSTEMS, SMOKE_SYSTEMS, SystemSpec, ablation_ladder,  # noqa: E402
-                                   resolve_system, system_config, system_matrix)
-
 VENV_BIN = Path(sys.executable).parent
 SCRIPTS = {"lstm": "runners/train_ptb.py"}
 BASE_CONFIGS = {"resnet101": "resnet101_dense.json", "resnet18": "resnet101_dense.json",
@@ -62,8 +60,7 @@ def runner_args(spec: SystemSpec, model: str, steps: int, cfg_path: Path, log_di
 
 def _runner_env(**extra: str) -> dict[str, str]:
     """The environment every runner process on this machine gets (one thread, CPU accelerator, wandb offline)."""
-    return dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", WANDB_MODE="offline", PYTHONPATH=str(ROOT),
-                **extra)
+    return dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", WANDB_MODE="offline", **extra)
 
 
 def run_local(script: str, args: list[str], ddp: bool, port: int, timeout: float, log: Path) -> int:
@@ -155,7 +152,7 @@ def run_matrix(opts: argparse.Namespace) -> Path:
                             "network": {"rate": net, "delay": "0"}, "systems": {}}
     cluster = None
     if not opts.smoke:
-        from runners.emulated_cluster import EmulatedCluster
+        from ds_gravac_bench.cluster import EmulatedCluster
         cluster = EmulatedCluster(ranks=opts.ranks, rate=opts.rate, tag=opts.tag, outdir=out / "cluster")
         cluster.__enter__()
     try:

@@ -9,7 +9,7 @@ pay page faults, which made ``x.abs()`` 2.5x slower than the pure memory pass on
 Reference lines: naive Top-k (``torch.topk(|x|, k)`` + gather), a 1%-sampled threshold estimate, and
 multi-level compression (10x, then 100x and 1000x derived with ``compress_from``) against direct ones.
 
-    OMP_NUM_THREADS=1 python runners/bench_compressors.py --sets resnet101 --compressors topk --out r.json
+    OMP_NUM_THREADS=1 python -m ds_gravac_bench.micro --sets resnet101 --compressors topk --out r.json
 """
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ import math
 import os
 import platform
 import subprocess
-import sys
 import time
 from importlib import metadata
 from pathlib import Path
@@ -27,12 +26,10 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from ds_gravac.compress.base import CompressCtx, Compressor, Kind, Payload, k_for
+from ds_gravac.compress.registry import lookup, registered_names
 
-from ds_gravac.compress.base import CompressCtx, Compressor, Kind, Payload, k_for  # noqa: E402
-from ds_gravac.compress.registry import lookup, registered_names  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 SETS = ("resnet101", "vgg16", "lstm")
 MODEL_ARGS = {"resnet101": ("resnet101", {"num_classes": 10}), "vgg16": ("vgg16", {"num_classes": 100}),

@@ -1,8 +1,8 @@
 """Emulated multi-node cluster on one machine: network namespaces joined by a bridge, tbf-shaped links (benchmarks.md §2).
 
-    python -m runners.emulated_cluster up --ranks 2 --rate 100mbit [--delay 0.5ms] [--tag 0] [--outdir DIR]
-    python -m runners.emulated_cluster status | measure | down      [--tag 0] [--outdir DIR]
-    python -m runners.emulated_cluster run --rank 0 -- python -c "print('hello from gvc0-r0')"
+    python -m ds_gravac_bench.cluster up --ranks 2 --rate 100mbit [--delay 0.5ms] [--tag 0] [--outdir DIR]
+    python -m ds_gravac_bench.cluster status | measure | down      [--tag 0] [--outdir DIR]
+    python -m ds_gravac_bench.cluster run --rank 0 -- python -c "print('hello from gvc0-r0')"
 
 Python API: ``with EmulatedCluster(ranks=2, rate="100mbit", tag=7, outdir=d) as c: c.launch_deepspeed(...)``.
 Rank i lives in namespace ``gvc<T>-r<i>`` with interface ``eth0`` = 10.77.<T>.<i+1>/24, pinned to one core.
@@ -23,11 +23,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make `runners` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from runners import netns  # noqa: E402
-from runners.netns import ClusterError  # noqa: E402
+from ds_gravac_bench import netns
+from ds_gravac_bench.netns import ClusterError
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
@@ -93,7 +90,7 @@ class EmulatedCluster:
         stale = netns.owned_existing(self.tag)
         if stale:
             raise ClusterError(f"namespaces {stale} already exist (stale setup?); remove them with "
-                               f"`python -m runners.emulated_cluster down --tag {self.tag} --outdir <its outdir>`")
+                               f"`python -m ds_gravac_bench.cluster down --tag {self.tag} --outdir <its outdir>`")
         self.state.reset()
         self.state.record_meta({"ranks": self.ranks, "rate": self.rate, "delay": self.delay, "cores": self.cores})
         try:
@@ -159,8 +156,7 @@ class EmulatedCluster:
         ext_dir = os.environ.get("TORCH_EXTENSIONS_DIR", str(VENV_BIN.parent / "torch_extensions"))
         return {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "GLOO_SOCKET_IFNAME": "eth0",
                 "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", "TORCH_EXTENSIONS_DIR": ext_dir,
-                "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+                "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
 
     def wrap(self, rank: int, cmd: list[str]) -> list[str]:
         """``ip netns exec gvc<T>-r<i> taskset -c <core> env K=V ... <cmd>``."""
@@ -240,7 +236,7 @@ class EmulatedCluster:
         spec = {"world": self.ranks, "master": self.master_addr, "port": port, "sizes": list(sizes), "ops": list(ops),
                 "max_repeats": max_repeats, "burst": netns.burst_bytes(self.rate)}
         self._launches += 1
-        results = self.run_all([[str(VENV_BIN / "python"), "-m", "runners.emulated_cluster", "_measure_worker",
+        results = self.run_all([[str(VENV_BIN / "python"), "-m", "ds_gravac_bench.cluster", "_measure_worker",
                                  json.dumps({**spec, "rank": i})] for i in range(self.ranks)],
                                f"measure{self._launches}-{os.getpid()}", timeout)
         failed = [r for r in results if not r.ok]

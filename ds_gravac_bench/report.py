@@ -1,6 +1,6 @@
 """Turn the per-system step records of one ``bench_e2e`` invocation into ``results.json``, ``results.md``,
 ``steps_loss_time.csv`` and plots (benchmarks.md §3, §5, §6). Pure post-processing: rerun with
-``bench_e2e.py report <dir>``."""
+``python -m ds_gravac_bench.e2e report <dir>``."""
 from __future__ import annotations
 
 import csv
