@@ -8,7 +8,7 @@ export OMP_NUM_THREADS ?= 1
 export DS_ACCELERATOR ?= cpu
 export WANDB_MODE ?= offline
 export WANDB_SILENT ?= true
-# Persistent JIT cache for DeepSpeed's shm comm op: compiled once (~45 s), then reused (deepspeed.md §8).
+# Persistent JIT cache for DeepSpeed's shm comm op: compiled once (~45 s), then reused.
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/$(VENV)/torch_extensions
 
 MODEL ?= resnet101

@@ -1,4 +1,4 @@
-"""Emulated multi-node cluster on one machine: network namespaces joined by a bridge, tbf-shaped links (benchmarks.md §2).
+"""Emulated multi-node cluster on one machine: network namespaces joined by a bridge, tbf-shaped links.
 
     python -m ds_gravac_bench.cluster up --ranks 2 --rate 100mbit [--delay 0.5ms] [--tag 0] [--outdir DIR]
     python -m ds_gravac_bench.cluster status | measure | down      [--tag 0] [--outdir DIR]
@@ -152,7 +152,8 @@ class EmulatedCluster:
 
     # -- processes ----------------------------------------------------------------------------------------------
     def rank_env(self) -> dict[str, str]:
-        """Environment of every rank (benchmarks.md §2, deepspeed.md §8); the shm op JIT cache as in the Makefile."""
+        """Environment of every rank: one thread, CPU accelerator, gloo on eth0, wandb offline, venv first on PATH;
+        the shm op JIT cache as in the Makefile."""
         ext_dir = os.environ.get("TORCH_EXTENSIONS_DIR", str(VENV_BIN.parent / "torch_extensions"))
         return {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "GLOO_SOCKET_IFNAME": "eth0",
                 "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", "TORCH_EXTENSIONS_DIR": ext_dir,

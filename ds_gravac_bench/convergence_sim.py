@@ -6,10 +6,10 @@ CIFAR-10 data, model, batch per rank, SGD momentum and weight decay) with the up
 
 * ``dense``   – mean of the ranks' gradients, momentum SGD with weight decay (what DeepSpeed dense computes);
 * ``eftopk``  – per rank ``x = g + r``, send exact Top-k of ``x`` (tensors under ``--min-numel`` dense),
-  ``r = x - sent``; mean of the sent values into momentum SGD (compressors.md §3.1 with error feedback);
+  ``r = x - sent``; mean of the sent values into momentum SGD (Top-k with error feedback);
 * ``dgc``     – per rank ``u = m·u + g + wd·w``, ``v = v + u``, send exact Top-k of ``v``, zero ``v`` (and ``u``
-  unless ``--no-masking``) at the sent indices; plain SGD on the mean (compressors.md §3.4 with exact selection
-  instead of sampling).
+  unless ``--no-masking``) at the sent indices; plain SGD on the mean (DGC's update rules, with exact
+  selection instead of sampling).
 
 Prints the 10-step mean training loss; ``--out`` writes every step's loss as JSON.
 """

@@ -1,4 +1,4 @@
-"""End-to-end comparison on the emulated cluster (benchmarks.md §3): DeepSpeed dense, ds_gravac dense, PyTorch DDP
+"""End-to-end comparison on the emulated cluster: DeepSpeed dense, ds_gravac dense, PyTorch DDP
 (+ PowerSGD hook), static Top-k/DGC, Accordion and GraVAC — same model, data, seed and network, one invocation.
 
     python -m ds_gravac_bench.e2e run --model resnet101 --rate 1gbit --ranks 2 --steps 30

@@ -1,4 +1,4 @@
-"""Compressor micro-benchmarks (benchmarks.md §1): CPU cost of every compressor against one memory pass.
+"""Compressor micro-benchmarks: CPU cost of every compressor against one memory pass.
 
 Per gradient set (real per-tensor shapes) and compressor level it times, per tensor as the synchronizer
 calls them: staging (fused EF add, or ``compensate`` for compressors with their own memory), ``compress``,
@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SETS = ("resnet101", "vgg16", "lstm")
 MODEL_ARGS = {"resnet101": ("resnet101", {"num_classes": 10}), "vgg16": ("vgg16", {"num_classes": 100}),
               "lstm": ("lstm", {"vocab_size": 10000, "size": "large"})}
-COMPUTE_REF_S = {"resnet101": 1.3, "vgg16": 2.1, "lstm": None}   # fwd+bwd, batch 32, one core (spec §1)
+COMPUTE_REF_S = {"resnet101": 1.3, "vgg16": 2.1, "lstm": None}   # reference fwd+bwd s, batch 32, one core
 TOPK_ALGORITHMS = ("auto", "topk", "kthvalue", "sort")
 SMOKE_SHAPES = [(250, 240), (20000,), (64, 3, 7, 7), (1000,), (9592,)]   # 10^5 elements
 

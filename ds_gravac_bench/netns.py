@@ -1,4 +1,4 @@
-"""Network-namespace helpers for the emulated cluster (benchmarks.md §2), with its safety rules built in.
+"""Network-namespace helpers for the emulated cluster, with its safety rules built in.
 
 Every namespace name carries the prefix ``gvc<T>-`` and is appended to the state file ``<outdir>/gvc<T>.state``
 *before* it is created; ``teardown`` deletes only names found there that still exist and carry the prefix, and

@@ -1,5 +1,5 @@
 """Turn the per-system step records of one ``bench_e2e`` invocation into ``results.json``, ``results.md``,
-``steps_loss_time.csv`` and plots (benchmarks.md §3, §5, §6). Pure post-processing: rerun with
+``steps_loss_time.csv`` and plots. Pure post-processing: rerun with
 ``python -m ds_gravac_bench.e2e report <dir>``."""
 from __future__ import annotations
 
@@ -201,7 +201,7 @@ SYSTEM_KEYS = {"id", "config_hash", "step_time", "bytes_per_step", "time_to_targ
 
 
 def validate(results: dict[str, Any]) -> None:
-    """The results schema of benchmarks.md §6 (CI checks it in smoke mode)."""
+    """Raise ValueError unless ``results`` has every key results.json must have (the e2e smoke test checks it)."""
     missing = REQUIRED_KEYS - set(results)
     if missing:
         raise ValueError(f"results.json lacks {sorted(missing)}")

@@ -1,9 +1,9 @@
-"""The system matrix of the end-to-end benchmark (benchmarks.md §3): ids, runner flags and ``"gravac"`` sections.
+"""The system matrix of the end-to-end benchmark: ids, runner flags and ``"gravac"`` sections.
 
 Every system uses the same runner loop, model, data order, seed and base DeepSpeed config; only the
-synchronization differs. The scaled windows follow the spec: ``window = steps // 10``,
+synchronization differs. Windows are scaled with the run length: ``window = steps // 10``,
 ``refresh_steps = min_sent_steps = window // 5``, Accordion ``interval_steps = steps // 10``. The GraVAC EWMA is
-scaled with the window (``ewma_alpha = 2 / (window + 1)``, at most 0.5): the spec's default α = N/100 = 0.02 at
+scaled with the window (``ewma_alpha = 2 / (window + 1)``, at most 0.5): the default α = N/100 = 0.02 at
 N = 2 has a memory of ~50 steps, longer than a whole 30-step run, so the gains would never leave their seed.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ class SystemSpec:
     runner_args: tuple[str, ...] = ()   # extra runner options (e.g. the PowerSGD rank)
 
 
-# Not a training system: every rank's process alone on its core, no communication (benchmarks.md §5 T_compute).
+# Not a training system: every rank's process alone on its core, no communication (the report's T_compute).
 COMPUTE_ONLY = SystemSpec("compute_only", "local", None, "one single-rank process per core at the same time, "
                           "no communication: the compute-only step of the physical bound")
 # The same through a DeepSpeed engine (gradient all-reduce off): the compute-only step plus the engine's own work.
@@ -113,9 +113,9 @@ def system_config(base: dict[str, Any], spec: SystemSpec) -> dict[str, Any]:
 
 
 def ablation_ladder(compressor: str, cf: float) -> dict[str, SystemSpec]:
-    """HiPress Fig. 11-style ladder (benchmarks.md §3) for one static compressor: the compute-only step, DeepSpeed
+    """HiPress Fig. 11-style ladder for one static compressor: the compute-only step, DeepSpeed
     dense (the reference of every ratio), ds_gravac dense, then the compressor without overlap and without bulk decode, ``+overlap``,
-    ``+bulk``. The spec's last rung, ``selection: "cost_model"``, is refused by this release (README) and left out."""
+    ``+bulk``. A further rung, ``selection: "cost_model"``, is refused by this release (README) and left out."""
     comp: Any = {"type": "dgc", "params": {"momentum": 0.9}} if compressor == "dgc" else compressor
     base = _static(comp, cf, 0 if compressor == "dgc" else MIN_NUMEL)
     tag = f"{compressor}_{cf:g}"

@@ -1,9 +1,9 @@
-"""Shared runner plumbing (architecture.md §10): command line, process set-up, seeding, DeepSpeed config.
+"""Shared runner plumbing: command line, process set-up, seeding, DeepSpeed config.
 
 Every runner (``train_cifar.py``, ``train_ptb.py``) builds its parser here, adds its own options, and hands a
 task to :func:`runners.loop.run`; engines and DDP wrappers come from :mod:`runners.systems`. Keeping these in
 one place is what makes the systems comparable: the same arguments, seeds, data order and optimizer settings
-reach every system (benchmarks.md §3).
+reach every system.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ class RunnerError(RuntimeError):
 
 
 class _Parser(argparse.ArgumentParser):
-    """Every ``--multi-word`` option also answers to ``--multi_word``: the spelling architecture.md §10 and
+    """Every ``--multi-word`` option also answers to ``--multi_word``: the spelling
     DeepSpeed's own options (``--local_rank``, ``--deepspeed_config``) use."""
 
     def add_argument(self, *names: Any, **kwargs: Any) -> argparse.Action:
@@ -95,7 +95,7 @@ def finish_parser(parser: argparse.ArgumentParser, argv: Optional[list[str]] = N
 
 def configure_process(args: argparse.Namespace) -> None:
     """Threads from OMP_NUM_THREADS (the launcher leaves it unset: every rank would use every core), and the
-    wandb environment (deepspeed.md §11): offline unless told otherwise, everything under the log dir."""
+    wandb environment: offline unless told otherwise, everything under the log dir."""
     threads = int(os.environ.get("OMP_NUM_THREADS", "1") or 1)
     torch.set_num_threads(max(1, threads))
     log_dir = os.path.abspath(args.log_dir)
@@ -201,8 +201,8 @@ def without_gravac(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_monitors(cfg: dict[str, Any], runner_wandb: bool) -> None:
-    """DeepSpeed's wandb monitor logs with step=global_samples and makes wandb drop the runner's points
-    (deepspeed.md §11), so the two never run together."""
+    """DeepSpeed's wandb monitor logs with step=global_samples and makes wandb drop the runner's points,
+    so the two never run together."""
     monitor = cfg.get("wandb")
     if runner_wandb and isinstance(monitor, dict) and monitor.get("enabled", False):
         raise RunnerError('the DeepSpeed config enables its own "wandb" monitor while the runner logs to wandb; '

@@ -1,4 +1,4 @@
-"""Datasets for the training runners (architecture.md §10, benchmarks.md §3). Two families:
+"""Datasets for the training runners. Two families:
 
 * synthetic and learnable data, deterministic per seed, so every system in a benchmark sees the same
   samples in the same order and loss curves mean something without any download;

@@ -1,5 +1,5 @@
 """Rank-0 metrics for the runners: one record per optimizer step to ``<log-dir>/steps.jsonl`` (always) and to
-wandb (unless ``--no-wandb``), a tqdm bar, and the end-of-run summary (deepspeed.md §11, benchmarks.md §3).
+wandb (unless ``--no-wandb``), a tqdm bar, and the end-of-run summary.
 
 Records are built the same way for every system; ds_gravac's per-step record is merged in when present.
 """
@@ -14,7 +14,7 @@ from ds_gravac.adapt.base import BRANCH_CODES
 from ds_gravac.telemetry.sinks import JsonlSink, numeric_metrics
 
 CODEC_TIMES = ("stage_s", "compress_s", "decompress_s", "writeback_s")
-LOSS_EWMA_ALPHA = 0.1          # benchmarks.md §3: the smoothing used for time-to-target
+LOSS_EWMA_ALPHA = 0.1          # loss smoothing, the same the benchmark report uses for time-to-target
 
 
 def flatten(record: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The one training loop every system runs (architecture.md §10, benchmarks.md §3), plus evaluation and
+"""The one training loop every system runs, plus evaluation and
 checkpoint/resume. Runners supply a :class:`Task` (data, model, loss, eval); nothing here knows CIFAR or PTB.
 
 Data position is the micro-batch index: tasks map it deterministically to this rank's batch, so saving that

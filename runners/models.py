@@ -1,7 +1,7 @@
-"""Models for the training runners (architecture.md §10).
+"""Models for the training runners.
 
 All randomly initialised (torchvision ``weights=None``; nothing is downloaded). The CIFAR models are
-torchvision's stock definitions so parameter counts match the spec: ResNet101 with 10 classes has
+torchvision's stock definitions, so parameter counts are the usual ones: ResNet101 with 10 classes has
 42.5M parameters, VGG16-bn with 100 classes 134.7M (on 32x32 inputs the adaptive average pool
 replicates the 1x1 feature map to 7x7, so the 4096-wide classifier is kept). The LSTM LM follows the
 classic word-language-model example; the paper's configuration (2 layers, 1500, vocab 10k) has 66.0M.

@@ -1,11 +1,11 @@
 """The four training systems behind one small interface, so the loop in :mod:`runners.loop` never branches on
-which one runs (benchmarks.md §3: same model init, data order and optimizer for every system).
+which one runs (every system gets the same model init, data order and optimizer).
 
 * ``gravac``       – ``ds_gravac.initialize`` on the config (its ``"gravac"`` section drives compression);
 * ``deepspeed``    – plain ``deepspeed.initialize`` on the same config without the ``"gravac"`` section;
 * ``ddp``          – torch DDP (gloo on CPU, 25 MB buckets), optimizer and LR schedule built from the config;
 * ``local``        – one rank, no wrapper and no communication: the compute-only step the benchmark's physical
-  bound needs (benchmarks.md §5);
+  bound needs;
 * ``local_engine`` – one rank through a DeepSpeed engine with its gradient all-reduce off: the compute-only step
   including the engine's own per-step work, which every DeepSpeed and ds_gravac step also does;
 * ``ddp_powersgd`` – the same plus torch's ``powerSGD_hook`` (rank ``--powersgd-rank``, default 4, start at
@@ -26,11 +26,11 @@ from .common import DistInfo, RunnerError, without_gravac
 DDP_BUCKET_CAP_MB = 25
 POWERSGD = dict(start_powerSGD_iter=10, min_compression_rate=2,
                 use_error_feedback=True, warm_start=True, orthogonalization_epsilon=1e-8, random_seed=0)
-DEEPSPEED_CLIP_DEFAULT = 1.0     # GRADIENT_CLIPPING_DEFAULT in DeepSpeed 0.19.8 (deepspeed.md §4)
+DEEPSPEED_CLIP_DEFAULT = 1.0     # GRADIENT_CLIPPING_DEFAULT in DeepSpeed 0.19.8
 
 
 def dense_ring_bytes(module: nn.Module, world_size: int) -> float:
-    """Logical bytes one rank sends in a ring all-reduce of all fp32 gradients (synchronization.md §10)."""
+    """Logical bytes one rank sends in a ring all-reduce of all fp32 gradients: 2(N-1)/N of their bytes."""
     numel = sum(p.numel() for p in module.parameters() if p.requires_grad)
     return 2.0 * (world_size - 1) / world_size * 4 * numel
 
@@ -142,7 +142,7 @@ class EngineSystem(System):
         return self._dense
 
     def save(self, save_dir: str, tag: str, client_state: dict[str, Any]) -> None:
-        # plain engine.save_checkpoint would lose ds_gravac's per-rank residuals (deepspeed.md §7)
+        # plain engine.save_checkpoint would lose ds_gravac's per-rank residuals
         target = self.handle if self.handle is not None else self.engine
         target.save_checkpoint(save_dir, tag=tag, client_state=client_state)
 
@@ -234,7 +234,7 @@ class DDPSystem(System):
 
     def logical_bytes(self) -> Optional[tuple[float, float]]:
         """PowerSGD: the ring formula applied to the values its all-reduces carried this step (P and Q factors
-        plus the uncompressed tensors, from the hook's own counters; benchmarks.md §3); dense before
+        plus the uncompressed tensors, from the hook's own counters); dense before
         ``start_powerSGD_iter``, when the hook runs a vanilla all-reduce and counts nothing."""
         if self.hook_state is None:
             return super().logical_bytes()

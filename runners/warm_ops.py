@@ -1,4 +1,4 @@
-"""Build DeepSpeed's shm comm op once, ahead of any launch (deepspeed.md §8).
+"""Build DeepSpeed's shm comm op once, ahead of any launch.
 
 ``deepspeed.comm``'s torch backend JIT-compiles ``deepspeed_shm_comm`` on the first launch per
 ``TORCH_EXTENSIONS_DIR``. Inside a launch every rank pays for it at once: on 2 cores with ranks pinned by

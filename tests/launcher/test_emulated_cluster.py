@@ -1,4 +1,4 @@
-"""Emulated multi-node cluster (benchmarks.md §2): shaped links, a 2-node ds_gravac job, and teardown on every exit.
+"""Emulated multi-node cluster: shaped links, a 2-node ds_gravac job, and teardown on every exit.
 
 Needs root and working network namespaces; skipped otherwise. Each test owns one tag, so tests are independent.
 """

@@ -53,7 +53,7 @@ def test_bad_mode_or_cf_is_refused(mode: str, cf: float) -> None:
 
 
 def test_dgc_at_cf_1_without_masking_is_momentum_sgd() -> None:
-    # compressors.md §3.4: θ = 1 and momentum_masking false give momentum SGD with the same m.
+    # DGC: θ = 1 and momentum_masking false give momentum SGD with the same m.
     kw = dict(steps=3, ranks=2, batch=4, lr=0.05, dtype=torch.float64, every=0)
     _, dense = run("tiny_cnn", "dense", 1.0, momentum=0.9, **kw)
     _, dgc = run("tiny_cnn", "dgc", 1.0, momentum=0.9, masking=False, **kw)
