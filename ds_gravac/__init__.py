@@ -14,12 +14,30 @@ from .errors import GravacConfigError, GravacError, GravacUnsupportedError  # no
 from .integration.engine import GravacHandle, attach, get_handle  # noqa: E402
 
 
-def initialize(*args: Any, gravac: Any = None, **kwargs: Any) -> tuple:
-    """Drop-in for ``deepspeed.initialize``: same arguments, same 4-tuple, gradient sync taken over."""
-    import deepspeed
+def _deepspeed_initialize() -> Any:
+    """DeepSpeed's own ``initialize``, captured once: a script that replaced ``deepspeed.initialize`` with ours
+    must not make it call itself."""
+    global _DS_INITIALIZE
+    if _DS_INITIALIZE is None:
+        import deepspeed
+        _DS_INITIALIZE = deepspeed.initialize
+    return _DS_INITIALIZE
 
+
+_DS_INITIALIZE: Any = None
+_deepspeed_initialize()
+
+
+def initialize(*args: Any, gravac: Any = None, **kwargs: Any) -> tuple:
+    """Drop-in for ``deepspeed.initialize``: same arguments, same 4-tuple, gradient sync taken over.
+
+    Before DeepSpeed broadcasts the parameters, the ranks compare their parameter lists: a model that differs
+    between ranks is a clear error on every rank instead of a gloo size mismatch or a hang inside DeepSpeed."""
     from .integration.engine import NO_SECTION, _resolve_section
-    result = deepspeed.initialize(*args, **kwargs)
+    from .integration.init_check import check_models_before_broadcast
+    ds_initialize = _deepspeed_initialize()
+    check_models_before_broadcast(ds_initialize, args, kwargs)
+    result = ds_initialize(*args, **kwargs)
     engine = result[0]
     try:
         _resolve_section(engine, gravac)

@@ -1,8 +1,11 @@
 """Accordion baseline (gravac.md §7): per-layer low/high compression, switched only at interval boundaries.
 
 Rank 0 compares per-layer norms of accumulated local gradients between consecutive accumulation windows and
-broadcasts one int64 code per compressible tensor (0 = low compression, 1 = high); every rank applies it. The
-learning rate (identical on all ranks) forces low compression after a decay. Local timings are never used.
+broadcasts one int64 code per compressible tensor (0 = low compression, 1 = high); every rank applies it. A
+learning-rate decay forces low compression until the next decision point; the learning rate it compares is the
+agreed one (rank 0's value from the per-step statistics exchange, so one step late), never a rank-local read.
+Local timings are never used. Proposals are idempotent per step: a step that is repeated (its optimizer step was
+skipped because a gradient was not finite) proposes the same codes again.
 
 Windows: decision steps ``s_k = k·I``; ``W_0 = [0, A)``, ``W_k = [s_k − A, s_k)`` for k ≥ 1. When A = I,
 ``W_1 = W_0`` and is accumulated once. Only rank 0 accumulates (its sums are the only ones used).
@@ -135,7 +138,7 @@ class AccordionController(Controller):
                 self.log_event(step, "accordion_incomplete_window", window=k)
             else:
                 codes = [self._code(prev.get(n, 0.0), cur.get(n, 0.0)) for n in self.names]
-        self.norms = {w: v for w, v in self.norms.items() if w >= k}
+        self.norms = {w: v for w, v in self.norms.items() if w >= k - 1}   # k−1 kept: a repeated step re-proposes
         return torch.tensor(codes, dtype=torch.int64)
 
     def _code(self, n_prev: float, n_cur: float) -> int:
@@ -164,7 +167,8 @@ class AccordionController(Controller):
             if until > self.override_until:
                 self.override_until = until
                 self.log_event(step, "accordion_lr_decay", lr=lr, prev_lr=self.prev_lr, low_until=until)
-        self.prev_lr = lr
+        if math.isfinite(lr):       # NaN: no agreed learning rate yet (first step)
+            self.prev_lr = lr
         self.last_decided = step
         if force_dense:
             self.last_branch = "dense"
@@ -181,7 +185,7 @@ class AccordionController(Controller):
         return {"accordion/low_fraction": self.low_fraction,
                 "accordion/lr_override": int(self.last_decided < self.override_until),
                 "accordion/low_level": self.low, "accordion/high_level": self.high,
-                "gravac/branch": BRANCH_CODES[self.last_branch]}
+                "gravac/branch": BRANCH_CODES[str(self.last_branch)]}
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-friendly; fully collected windows are reduced to norms first so they survive a resume."""
@@ -189,7 +193,13 @@ class AccordionController(Controller):
         return {"version": STATE_VERSION, "mode": self.mode, "names": list(self.names), "codes": list(self.codes),
                 "norms": [[k, v] for k, v in sorted(self.norms.items())], "prev_lr": self.prev_lr,
                 "override_until": self.override_until, "last_decided": self.last_decided,
-                "last_branch": self.last_branch, "low_fraction": self.low_fraction}
+                "last_branch": str(self.last_branch), "low_fraction": self.low_fraction}
+
+    def replicated_state(self) -> dict[str, Any]:
+        """Everything but the window norms, which only rank 0 accumulates (its proposals are broadcast)."""
+        return {"names": list(self.names), "codes": list(self.codes), "prev_lr": self.prev_lr,
+                "override_until": self.override_until, "last_decided": self.last_decided,
+                "last_branch": str(self.last_branch), "low": self.low, "high": self.high}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if state.get("mode", self.mode) != self.mode:

@@ -5,14 +5,30 @@ so every rank takes the same branch and launches the same collectives.
 """
 from __future__ import annotations
 
+import enum
+import json
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 
+from ..compress.base import stable_hash
 from ..telemetry.stats import MAX_PROBES
 
-BRANCH_CODES = {"dense": 0, "min": 1, "cand": 2}
+
+class Branch(str, enum.Enum):
+    """What the compressible tensors send in one step (GraVAC's three branches; other controllers use two)."""
+
+    DENSE = "dense"     # uncompressed (the compensated input g + r, and the memory is cleared)
+    MIN = "min"         # GraVAC's fallback level θ_min
+    CAND = "cand"       # the candidate level θ_c (static and Accordion always send "cand")
+
+    def __str__(self) -> str:
+        return self.value
+
+
+BRANCH_CODES = {"dense": 0, "min": 1, "cand": 2}   # telemetry codes; index with str(branch)
 
 
 @dataclass(frozen=True)
@@ -20,7 +36,7 @@ class StepDecision:
     """What step ``step`` sends and measures. Frozen: created once per step at the decision point."""
 
     step: int
-    branch: str                                   # "dense" | "min" | "cand"
+    branch: Branch                                # plain strings ("dense", "min", "cand") are converted
     send_level: float                             # CF sent by compressible tensors (1.0 for dense)
     probe_levels: tuple[float, ...] = ()          # gains measured this step, one stats slot each
     layer_levels: Optional[Mapping[str, float]] = None   # per-tensor overrides (Accordion)
@@ -28,17 +44,19 @@ class StepDecision:
     forced_dense: bool = False                    # synchronizer-forced dense step (discovery / resume)
 
     def __post_init__(self) -> None:
-        if self.branch not in BRANCH_CODES:
-            raise ValueError(f"ds_gravac: unknown branch {self.branch!r}")
+        try:
+            object.__setattr__(self, "branch", Branch(self.branch))
+        except ValueError:
+            raise ValueError(f"ds_gravac: unknown branch {self.branch!r}") from None
         if len(self.probe_levels) > MAX_PROBES:
             raise ValueError(f"ds_gravac: at most {MAX_PROBES} probe levels per step")
 
     @property
     def dense(self) -> bool:
-        return self.branch == "dense"
+        return self.branch == Branch.DENSE
 
     def level_for(self, name: str) -> float:
-        if self.branch == "dense":
+        if self.branch == Branch.DENSE:
             return 1.0
         if self.layer_levels is not None and name in self.layer_levels:
             return float(self.layer_levels[name])
@@ -60,6 +78,8 @@ class AgreedStats:
     bytes_sent: float
     nonfinite: float
     world_size: int
+    lr: float = math.nan            # rank 0's learning rate of this step (the agreed value controllers may use)
+    nonfinite_first: tuple[float, ...] = ()   # per rank: first tensor (member index) with a NaN/Inf, or -1
 
 
 @dataclass(frozen=True)
@@ -143,3 +163,11 @@ class Controller:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore replicated state exactly."""
+
+    def replicated_state(self) -> dict[str, Any]:
+        """The part of the state every rank must hold identically (default: all of it)."""
+        return self.state_dict()
+
+    def state_checksum(self) -> int:
+        """52-bit digest of the replicated state (exact in float64) for ``agreement_check_interval``."""
+        return stable_hash(json.dumps(self.replicated_state(), sort_keys=True, default=str)) >> 11

@@ -12,21 +12,34 @@ Probe-slot convention (``StepDecision.probe_levels``; the stats' ``nums[j]`` bel
 from __future__ import annotations
 
 import dataclasses
-import json
+import enum
 import logging
 import math
 from typing import Any, Mapping, Optional
 
-from ..compress.base import stable_hash
 from ..errors import GravacConfigError
-from .base import BRANCH_CODES, MAX_PROBES, AgreedStats, Controller, ControllerContext, StepDecision
+from .base import BRANCH_CODES, MAX_PROBES, AgreedStats, Branch, Controller, ControllerContext, StepDecision
 from .gravac_records import (CandidateSequence, GainRecord, ThroughputRecord, records_to_rows,
                              rows_to_records)
 
 log = logging.getLogger("ds_gravac")
 
-PHASES = ("WARMUP", "SEARCH", "SETTLED", "EXHAUSTED")
-PHASE_CODES = {p: i for i, p in enumerate(PHASES)}
+
+
+class Phase(str, enum.Enum):
+    """Where the CF search stands (the search advances only at window boundaries)."""
+
+    WARMUP = "WARMUP"           # before i0: dense steps, records warm up
+    SEARCH = "SEARCH"           # a candidate θ_c is evaluated per window
+    SETTLED = "SETTLED"         # two best throughputs within ω: θ_c fixed at the lower CF
+    EXHAUSTED = "EXHAUSTED"     # θ_c reached θ_max (or no candidate above θ_min exists)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+PHASES = tuple(p.value for p in Phase)
+PHASE_CODES = {p: i for i, p in enumerate(Phase)}
 MAX_TABLE_REFRESH = 8          # R6: up to 8 table CFs + the next candidate (with θ_min, θ_c: ≤ MAX_PROBES)
 STATE_VERSION = 1
 NAN = float("nan")
@@ -68,7 +81,7 @@ class GravacController(Controller):
         self.i0 = 1 + int(config.warmup_steps)
         self.window = int(config.window)
         self.alpha = 0.0
-        self.phase = "WARMUP"
+        self.phase = Phase.WARMUP
         self.theta_min = float(config.theta_min)
         self.theta_c = float(config.theta_min)
         self.j = 0
@@ -78,7 +91,7 @@ class GravacController(Controller):
         self.last_decided = -1
         self.last_observed = -1
         self.last_boundary = -1
-        self.last_branch = "dense"
+        self.last_branch = Branch.DENSE
         self.last_cf = 1.0
         self.raw_min = NAN
         self.raw_cand = NAN
@@ -148,7 +161,7 @@ class GravacController(Controller):
             self._boundary(step)
             self.last_boundary = step
         adaptive = step >= self.i0 and not force_dense
-        branch, level = self._choose_branch() if adaptive else ("dense", 1.0)
+        branch, level = self._choose_branch() if adaptive else (Branch.DENSE, 1.0)
         decision = StepDecision(step=step, branch=branch, send_level=level,
                                 probe_levels=self._probe_levels(step), deferred=self.strict,
                                 forced_dense=bool(force_dense))
@@ -163,7 +176,7 @@ class GravacController(Controller):
             return decision
         self.observe(stats)                       # no-op when the synchronizer already observed it
         if decision.forced_dense or decision.step < self.i0:
-            branch, level = "dense", 1.0
+            branch, level = Branch.DENSE, 1.0
         else:
             branch, level = self._choose_branch()
         final = dataclasses.replace(decision, branch=branch, send_level=level, deferred=False)
@@ -171,21 +184,21 @@ class GravacController(Controller):
         return final
 
     def _enter_adaptive(self, step: int) -> None:
-        if self.phase == "WARMUP" and step >= self.i0:
-            self.phase = "SEARCH" if self.theta_c > self.theta_min else "EXHAUSTED"
+        if self.phase == Phase.WARMUP and step >= self.i0:
+            self.phase = Phase.SEARCH if self.theta_c > self.theta_min else Phase.EXHAUSTED
             self.log_event(step, "phase", phase=self.phase)
 
-    def _choose_branch(self) -> tuple[str, float]:
+    def _choose_branch(self) -> tuple[Branch, float]:
         """Alg. 1 lines 11/16/21: cand if δ̄(θ_c) ≥ ε (needs a record, R8), elif δ̄(θ_min) ≥ ε min, else dense."""
         eps = self.config.epsilon
         g_c, g_m = self._gain(self.theta_c), self._gain(self.theta_min)
         if g_c is not None and g_c >= eps:
-            branch, level = "cand", self.theta_c
+            branch, level = Branch.CAND, self.theta_c
         elif g_m is not None and g_m >= eps:
-            branch, level = "min", self.theta_min
+            branch, level = Branch.MIN, self.theta_min
         else:
-            return "dense", 1.0
-        return ("dense", 1.0) if level <= 1.0 else (branch, level)
+            return Branch.DENSE, 1.0
+        return (Branch.DENSE, 1.0) if level <= 1.0 else (branch, level)
 
     def _gain(self, cf: float) -> Optional[float]:
         """δ̄(cf): 1 for dense, ``None`` without a sample."""
@@ -209,9 +222,9 @@ class GravacController(Controller):
 
         add(self.theta_min)
         add(self.theta_c)
-        frozen = self.phase == "SETTLED" and self.config.settled_policy == "freeze"   # nothing would use it
+        frozen = self.phase == Phase.SETTLED and self.config.settled_policy == "freeze"   # nothing would use it
         if self._in_refresh(step) and not frozen:
-            if self.phase in ("SEARCH", "SETTLED") and self._seq is not None:
+            if self.phase in (Phase.SEARCH, Phase.SETTLED) and self._seq is not None:
                 nxt = self._seq.after(max(self.theta_min, self.theta_c))
                 if nxt is not None:
                     add(nxt[1])
@@ -227,10 +240,10 @@ class GravacController(Controller):
         self.log_event(step, "boundary", window=(step - self.i0) // self.window,
                        table={cf_key(cf): t for cf, t in sorted(table.items())})
         self._escalate(step)
-        if self.phase != "SETTLED" or self.config.settled_policy == "recheck":
+        if self.phase != Phase.SETTLED or self.config.settled_policy == "recheck":
             if self._saturate(step, table):
                 return
-        if self.phase == "SEARCH":
+        if self.phase == Phase.SEARCH:
             self._advance(step)
 
     def _table(self, step: int) -> dict[float, float]:
@@ -267,19 +280,19 @@ class GravacController(Controller):
                 ideal = min(cf_a, cf_b)
                 self.log_event(step, "settled", theta_ideal=ideal, theta_c_old=self.theta_c,
                                top=[[cf_a, t_a], [cf_b, t_b]])
-                self.phase, self.theta_c = "SETTLED", ideal
+                self.phase, self.theta_c = Phase.SETTLED, ideal
                 if ideal < self.theta_min:
                     self.theta_min = ideal
                 return True
-        if self.phase == "SETTLED":
-            self.phase = "SEARCH"
+        if self.phase == Phase.SETTLED:
+            self.phase = Phase.SEARCH
             self.log_event(step, "recheck_failed", theta_c=self.theta_c)
         return False
 
     def _advance(self, step: int) -> None:
         nxt = self._seq.after(max(self.theta_min, self.theta_c)) if self._seq is not None else None
         if nxt is None:
-            self.phase = "EXHAUSTED"
+            self.phase = Phase.EXHAUSTED
             self.log_event(step, "exhausted", theta_c=self.theta_c)
             return
         old, (self.j, self.theta_c) = self.theta_c, nxt
@@ -315,7 +328,7 @@ class GravacController(Controller):
         if prev is None or not (_finite(t_iter) and t_iter > 0):
             return
         cf, branch = prev
-        t = t_iter - float(stats.t_gain_prev) if branch == "dense" and _finite(stats.t_gain_prev) else t_iter
+        t = t_iter - float(stats.t_gain_prev) if branch == Branch.DENSE and _finite(stats.t_gain_prev) else t_iter
         if t <= 0:
             return
         n = self.ctx.world_size if self.ctx is not None else stats.world_size
@@ -325,8 +338,9 @@ class GravacController(Controller):
         self.t_iter_last, self.t_sys_last = t_iter, t_sys
 
     def _record_sent(self, decision: StepDecision) -> None:
-        level = 1.0 if decision.branch == "dense" else float(decision.send_level)
-        self.sent = [s for s in self.sent if s[0] != decision.step][-2:] + [[decision.step, level, decision.branch]]
+        level = 1.0 if decision.branch == Branch.DENSE else float(decision.send_level)
+        self.sent = [s for s in self.sent if s[0] != decision.step][-2:] + [[decision.step, level,
+                                                                             decision.branch.value]]
         self.last_branch, self.last_cf = decision.branch, level
 
     def _sent_at(self, step: int) -> Optional[tuple[float, str]]:
@@ -339,7 +353,7 @@ class GravacController(Controller):
     def telemetry(self) -> dict[str, Any]:
         g_m, g_c = self._gain(self.theta_min), self._gain(self.theta_c)
         return {
-            "gravac/branch": BRANCH_CODES[self.last_branch],
+            "gravac/branch": BRANCH_CODES[str(self.last_branch)],
             "gravac/cf_sent": self.last_cf,
             "gravac/theta_min": self.theta_min,
             "gravac/theta_c": self.theta_c,
@@ -369,12 +383,12 @@ class GravacController(Controller):
         def num(x: float) -> Optional[float]:
             return None if math.isnan(x) else x
         return {
-            "version": STATE_VERSION, "mode": self.mode, "alpha": self.alpha, "phase": self.phase,
+            "version": STATE_VERSION, "mode": self.mode, "alpha": self.alpha, "phase": self.phase.value,
             "theta_min": self.theta_min, "theta_c": self.theta_c, "j": self.j, "i0": self.i0,
             "gains": records_to_rows(self.gains), "thru": records_to_rows(self.thru),
             "sent": [list(s) for s in self.sent],
             "last_decided": self.last_decided, "last_observed": self.last_observed,
-            "last_boundary": self.last_boundary, "last_branch": self.last_branch, "last_cf": self.last_cf,
+            "last_boundary": self.last_boundary, "last_branch": self.last_branch.value, "last_cf": self.last_cf,
             "raw_min": num(self.raw_min), "raw_cand": num(self.raw_cand),
             "t_iter": num(self.t_iter_last), "t_sys": num(self.t_sys_last),
         }
@@ -387,7 +401,8 @@ class GravacController(Controller):
             raise GravacConfigError(f"ds_gravac: checkpoint holds a {state.get('mode')!r} controller state, "
                                     f"not {self.mode!r}")
         self.alpha = float(state["alpha"])
-        self.phase = str(state["phase"])
+        self.phase = Phase(str(state["phase"]))
+        self.i0 = int(state.get("i0", self.i0))
         self.theta_min, self.theta_c = float(state["theta_min"]), float(state["theta_c"])
         self.j = int(state["j"])
         self.gains = rows_to_records(state["gains"], GainRecord)
@@ -395,11 +410,8 @@ class GravacController(Controller):
         self.sent = [[int(s), float(cf), str(br)] for s, cf, br in state["sent"]]
         self.last_decided, self.last_observed = int(state["last_decided"]), int(state["last_observed"])
         self.last_boundary = int(state["last_boundary"])
-        self.last_branch, self.last_cf = str(state["last_branch"]), float(state["last_cf"])
+        self.last_branch, self.last_cf = Branch(str(state["last_branch"])), float(state["last_cf"])
         self.raw_min, self.raw_cand = num(state["raw_min"]), num(state["raw_cand"])
         self.t_iter_last, self.t_sys_last = num(state["t_iter"]), num(state["t_sys"])
         self._initialized = True
 
-    def state_checksum(self) -> int:
-        """52-bit digest of the replicated state (exact in float64) for ``agreement_check_interval``."""
-        return stable_hash(json.dumps(self.state_dict(), sort_keys=True)) >> 11

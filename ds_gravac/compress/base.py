@@ -1,8 +1,23 @@
-"""The compressor contract (normative text: ``compressors.md`` §1).
+"""The compressor contract.
 
 A compressor encodes one flat fp32 tensor at a time into *sections* (typed views of a word buffer) whose sizes
 depend only on (numel, level, parameters). Compressors never communicate: the synchronizer owns every
-collective, so all rank-agreement reasoning lives in one place.
+collective (through the exchange patterns of ``ds_gravac.sync.exchange``), so all rank-agreement reasoning lives
+in one place. Compressors never own persistent memory either: error-feedback residuals and a compressor's own
+memory (``memory_slots``, e.g. DGC's momentum and velocity) live in the synchronizer's memory object, which
+applies every state change only after the ranks agreed that the step's gradients were finite.
+
+The life of one tensor in one step:
+
+1. ``compensate(g, out, ctx)`` (``owns_state`` only; otherwise the memory forms ``x = g + r``): write the
+   compressor's input ``x`` into ``out``, reading ``ctx.memory`` but never changing it.
+2. ``compress``/``compress_from`` at every level the step measures or sends (pure).
+3. ``commit(x, p, ctx)``: turn ``x`` *in place* into the memory this tensor keeps after sending ``p``
+   (``x − D(p)`` for error feedback; DGC: the velocity with the sent entries cleared). Still pure with respect to
+   persistent state: ``x`` is the step's scratch.
+4. After the agreement, the memory object adopts that scratch as the new ``input_slot`` and calls
+   ``commit_memory(p, ctx)`` for the other slots (DGC: momentum); a dense send calls ``dense_sent(ctx)`` instead.
+   A step whose gradients were not finite on some rank does none of this: the memory stays as it was.
 """
 from __future__ import annotations
 
@@ -19,7 +34,7 @@ MASK64 = (1 << 64) - 1
 
 
 class Kind(str, enum.Enum):
-    """How payloads combine across ranks; selects the collective (synchronization.md §5)."""
+    """How payloads combine across ranks; selects the exchange pattern (collective)."""
 
     SUMMABLE = "summable"   # payloads add elementwise: all-reduce
     SPARSE = "sparse"       # fixed-size (idx, val) payloads: all-gather
@@ -111,7 +126,7 @@ class Payload:
 
 @dataclass
 class CompressCtx:
-    """What a compressor may know about the tensor it encodes (compressors.md §1)."""
+    """What a compressor may know about the tensor it encodes; ``memory`` holds its slots' views (``owns_state``)."""
 
     key: str
     step: int = 0
@@ -125,6 +140,7 @@ class CompressCtx:
     momentum: float = 0.0
     error_feedback: bool = True
     shape: tuple[int, ...] = field(default_factory=tuple)
+    memory: dict[str, torch.Tensor] = field(default_factory=dict)   # slot name → this tensor's flat fp32 view
 
 
 def stable_hash(text: str) -> int:
@@ -171,6 +187,13 @@ class Compressor:
     gain_kind: ClassVar[str] = "none"
     server_reencode: ClassVar[bool] = False
     owns_optimizer: ClassVar[bool] = False   # DGC: momentum and weight decay move into the compressor
+    # owns_state only: names of the flat fp32 memory buffers the synchronizer keeps per tensor, and the one that
+    # becomes the committed input after a compressed send (DGC: ("u", "v") and "v").
+    memory_slots: ClassVar[tuple[str, ...]] = ()
+    input_slot: ClassVar[Optional[str]] = None
+    # How payloads cross the ranks: None = by kind (SUMMABLE: "allreduce", otherwise "allgather"); a name
+    # registered in ds_gravac.sync.exchange otherwise.
+    exchange: ClassVar[Optional[str]] = None
 
     def __init__(self, params: Optional[CompressorParams] = None) -> None:
         self.params = params if params is not None else self.Params()
@@ -229,7 +252,10 @@ class Compressor:
         raise NotImplementedError
 
     def commit(self, x: torch.Tensor, p: Payload, ctx: CompressCtx) -> None:
-        """Apply the state update of ``compress(update_state=True)`` later (strict mode, GraVAC branches)."""
+        """Leave in ``ctx.residual`` (which may alias ``x``) the memory after sending ``p``: ``x − D(p)``.
+
+        The synchronizer calls it with ``ctx.residual`` = the step's scratch, so nothing persistent changes here;
+        ``compress(update_state=True)`` applies it in the same pass."""
         if self.owns_state or ctx.residual is None or not ctx.error_feedback:
             return
         if ctx.residual.data_ptr() != x.data_ptr():
@@ -238,7 +264,7 @@ class Compressor:
 
     def compress_from(self, p1: Payload, x: torch.Tensor, plan2: TensorPlan, out: Payload,
                       ctx: CompressCtx) -> Optional[torch.Tensor]:
-        """Multi-level second stage (§7): derive the payload at ``plan2`` from stage one. Never mutates."""
+        """Multi-level second stage: derive the payload at ``plan2`` from stage one. Never mutates."""
         raise NotImplementedError(f"ds_gravac: compressor '{self.name}' has no multi-level compression")
 
     def decompress(self, p: Payload, out: torch.Tensor, accumulate: bool, scale: float,
@@ -257,15 +283,24 @@ class Compressor:
         """Level actually used at ``step`` (DGC's warm-up caps θ); must depend on agreed values only."""
         return theta
 
-    def compensate(self, g: torch.Tensor, ctx: CompressCtx) -> torch.Tensor:
-        """``owns_state`` only: the compensated input (e.g. DGC's velocity). Called once per tensor per step."""
-        return g
+    def compensate(self, g: torch.Tensor, out: torch.Tensor, ctx: CompressCtx) -> None:
+        """``owns_state`` only: write the compensated input (e.g. DGC's velocity) into ``out`` from the flat fp32
+        gradient ``g`` and ``ctx.memory``, without changing the memory. Called once per tensor per step."""
+        out.copy_(g)
+
+    def commit_memory(self, g: torch.Tensor, p: Payload, ctx: CompressCtx) -> None:
+        """``owns_state`` only: after the step was agreed finite, update the memory slots other than
+        ``input_slot`` (which already holds what :meth:`commit` left in the input) for the sent payload ``p``;
+        ``g`` is the same flat fp32 gradient :meth:`compensate` received."""
 
     def reset(self, ctx: CompressCtx) -> None:
         """Clear a tensor's own memory (dense step, EF reset, world-size change)."""
+        for view in ctx.memory.values():
+            view.zero_()
 
-    def dense_sent(self, ctx: CompressCtx) -> None:
-        """``owns_state`` only: the compensated input was sent dense this step. Rule 1: clear the memory."""
+    def dense_sent(self, g: torch.Tensor, ctx: CompressCtx) -> None:
+        """``owns_state`` only: the compensated input was sent dense this step (after the agreement): by
+        default the memory is cleared, as a dense send transmits everything it held."""
         self.reset(ctx)
 
     def state_dict(self) -> dict[str, dict[str, Any]]:
@@ -276,13 +311,14 @@ class Compressor:
 
 
 REQUIRED_ATTRS = ("name", "Params", "kind", "rounds", "owns_state", "level_kind", "multilevel", "gain_kind",
-                  "server_reencode")
+                  "server_reencode", "memory_slots", "input_slot", "exchange")
 REQUIRED_METHODS = ("make_plan", "compress", "decompress", "accepts", "cf_grid", "realize_cf", "sent_sq_norm",
-                    "compensate", "commit", "reset", "state_dict", "load_state_dict")
+                    "compensate", "commit", "commit_memory", "dense_sent", "reset", "state_dict",
+                    "load_state_dict")
 
 
 def check_contract(cls: type) -> None:
-    """Registration-time check that ``cls`` satisfies the contract (architecture.md §7)."""
+    """Registration-time check that ``cls`` satisfies the contract (required attributes, methods, params model)."""
     if not isinstance(cls, type) or not issubclass(cls, Compressor):
         raise TypeError(f"ds_gravac: {cls!r} must subclass ds_gravac.Compressor")
     for attr in REQUIRED_ATTRS:
@@ -306,3 +342,6 @@ def check_contract(cls: type) -> None:
         raise TypeError(f"ds_gravac: compressor {cls.__name__}.multilevel is invalid")
     if cls.gain_kind not in ("projection", "unbiased", "none"):
         raise TypeError(f"ds_gravac: compressor {cls.__name__}.gain_kind is invalid")
+    if cls.owns_state and (not cls.memory_slots or cls.input_slot not in cls.memory_slots):
+        raise TypeError(f"ds_gravac: compressor {cls.__name__} owns state: it must name its memory_slots and "
+                        f"which of them is the input_slot")

@@ -1,4 +1,6 @@
-"""Name → compressor class, with ``"package.module:ClassName"`` plug-ins and an entry-point group."""
+"""Name → compressor class: the built-ins (listed here, imported on first lookup), plug-ins registered with
+:func:`register_compressor` or the ``ds_gravac.compressors`` entry-point group, and ``"package.module:ClassName"``
+paths. Built-in modules do not import this one, so there is no import circle."""
 from __future__ import annotations
 
 import importlib
@@ -11,6 +13,16 @@ from .base import Compressor, check_contract
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 ENTRY_POINT_GROUP = "ds_gravac.compressors"
+BUILTINS = {
+    "none": "ds_gravac.compress.none:NoCompression",
+    "topk": "ds_gravac.compress.topk:TopK",
+    "randomk": "ds_gravac.compress.randomk:RandomK",
+    "dgc": "ds_gravac.compress.dgc:DGC",
+    "redsync": "ds_gravac.compress.redsync:RedSync",
+    "sidco": "ds_gravac.compress.sidco:SIDCo",
+    "threshold": "ds_gravac.compress.threshold:Threshold",
+    "graddrop": "ds_gravac.compress.graddrop:GradDrop",
+}
 _REGISTRY: dict[str, type[Compressor]] = {}
 _builtins_loaded = False
 _entry_points_loaded = False
@@ -26,6 +38,7 @@ def register_compressor(name: str, cls: Optional[C] = None, *, overwrite: bool =
 
     def _register(klass: C) -> C:
         check_contract(klass)
+        _load_builtins()
         if name in _REGISTRY and _REGISTRY[name] is not klass and not overwrite:
             raise ValueError(f"ds_gravac: compressor '{name}' is already registered; pass overwrite=True")
         klass.name = name  # type: ignore[attr-defined]
@@ -39,8 +52,11 @@ def _load_builtins() -> None:
     global _builtins_loaded
     if not _builtins_loaded:
         _builtins_loaded = True
-        importlib.import_module("ds_gravac.compress.dense")
-        importlib.import_module("ds_gravac.compress.sparse")
+        for name, path in BUILTINS.items():
+            module_name, _, attr = path.partition(":")
+            cls = getattr(importlib.import_module(module_name), attr)
+            check_contract(cls)
+            _REGISTRY.setdefault(name, cls)
 
 
 def _load_entry_points() -> None:

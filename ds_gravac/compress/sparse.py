@@ -1,7 +1,5 @@
-"""Sparsifiers with an ``(idx, val)`` payload (compressors.md §3): topk, redsync, sidco, threshold, graddrop.
-
-``dgc`` lives in ``sparse_dgc.py`` and ``randomk`` in ``sparse_random.py``; both are imported (and so
-registered) at the end of this module, which is the one the registry loads.
+"""The shared base of the sparsifiers with an ``(idx, val)`` payload (topk, dgc, redsync, sidco, threshold,
+graddrop; one module each): plan, encode, multi-level second stage, decode.
 
 Payload convention: ``idx: int32[k]``, ``val: fp32|fp16[k]``; the ``m ≤ k`` real entries come first with
 strictly increasing indices, padding ``(0, 0)`` after, so ``out.index_add_(0, idx, scale·val)`` decodes and
@@ -19,11 +17,10 @@ from pydantic import Field, field_validator
 from . import sparse_select as sel
 from .base import (CompressCtx, Compressor, CompressorParams, Kind, Payload, Section, TensorPlan, k_for,
                    mix_seed, stable_hash)
-from .registry import register_compressor
 
 Tensor = torch.Tensor
 
-# Stream ids of the dedicated generators (compressors.md §1 rule 4); rank-local unless noted.
+# Stream ids of the dedicated generators (every random draw has its own seeded stream); rank-local unless noted.
 STREAM_TOPK_SAMPLE = 0x7470_6B31
 STREAM_STAGE2_SAMPLE = 0x7374_6732
 STREAM_GRADDROP_SAMPLE = 0x6764_7270
@@ -91,7 +88,7 @@ class SparseCompressor(Compressor):
         return self.select(x, plan, ctx), None
 
     def capacity(self, x: Tensor, cand: Tensor, k: int, key: str) -> Tensor:
-        """Fixed capacity (§3.1): keep the k largest |x| among the candidates, or all of them if fewer."""
+        """Fixed capacity: keep the k largest |x| among the candidates, or all of them if fewer."""
         self.last_candidates[key] = cand.numel()
         return cand if cand.numel() <= k else sel.gather(cand, sel.topk_among(sel.gather(x, cand).abs(), k))
 
@@ -104,7 +101,7 @@ class SparseCompressor(Compressor):
             self.commit(x, out, ctx)
         return torch.tensor(m)
 
-    # ---- multi-level (§7) --------------------------------------------------------------------------
+    # ---- multi-level --------------------------------------------------------------------------
     def compress_from(self, p1: Payload, x: Tensor, plan2: TensorPlan, out: Payload,
                       ctx: CompressCtx) -> Optional[Tensor]:
         k2 = k_for(plan2.level, plan2.numel)
@@ -143,137 +140,3 @@ class SparseCompressor(Compressor):
 def trim(a: Tensor, cand: Tensor, k: int) -> Tensor:
     """Fixed capacity on positions: the canonical top-k of ``a`` among ``cand`` (all of them if ≤ k)."""
     return cand if cand.numel() <= k else sel.gather(cand, sel.topk_among(sel.gather(a, cand), k))
-
-
-# ---------------------------------------------------------------------------------------------------------
-class TopKParams(SparseParams):
-    algorithm: Literal["auto", "topk", "kthvalue", "sort"] = "auto"
-
-
-@register_compressor("topk")
-class TopK(SparseCompressor):
-    """Exact top-k of |x| (§3.2). ``auto``: sampled low threshold, one candidate pass, exact selection."""
-
-    Params = TopKParams
-    multilevel = "exact"
-
-    def select_entries(self, x: Tensor, plan: TensorPlan, ctx: CompressCtx) -> tuple[Tensor, Optional[Tensor]]:
-        n, k, alg = x.numel(), plan.k, self.params.algorithm
-        if alg == "auto":
-            big = n >= sel.SMALL_N and k <= n // 4
-            return sel.exact_topk(x, k, self.rank_generator(x, ctx, STREAM_TOPK_SAMPLE) if big else None)
-        if k >= n:
-            return torch.arange(n, device=x.device), None
-        fn = {"topk": sel.topk_torch, "kthvalue": sel.topk_kthvalue, "sort": sel.topk_sort}[alg]
-        return fn(x.abs(), k), None
-
-
-# ---------------------------------------------------------------------------------------------------------
-class RedSyncParams(SparseParams):
-    search_eps: float = Field(0.2, gt=0.0, le=1.0)
-    max_iters: int = Field(20, ge=1)
-
-
-@register_compressor("redsync")
-class RedSync(SparseCompressor):
-    """Binary search of the threshold between mean and max |x| (§3.5); deterministic, no randomness."""
-
-    Params = RedSyncParams
-
-    def make_plan(self, numel: int, level: float) -> TensorPlan:
-        if level < 4 and not getattr(self, "_warned_low_cf", False):
-            self._warned_low_cf = True
-            warnings.warn(f"ds_gravac: redsync at CF {level:g} < 4 pads most payloads (its search never goes "
-                          "below the mean magnitude)", stacklevel=3)
-        return super().make_plan(numel, level)
-
-    def _search(self, a: Tensor, k: int) -> Tensor:
-        thr, _, _ = sel.redsync_threshold(a, k, self.params.search_eps, self.params.max_iters)
-        return sel.candidates(a, thr, strict=True)
-
-    def select(self, x: Tensor, plan: TensorPlan, ctx: CompressCtx) -> Tensor:
-        return self.capacity(x, self._search(x.abs(), plan.k), plan.k, ctx.key)
-
-    def select_stage2(self, a1: Tensor, k2: int, plan2: TensorPlan, x: Tensor, ctx: CompressCtx) -> Tensor:
-        return trim(a1, self._search(a1, k2), k2)
-
-
-# ---------------------------------------------------------------------------------------------------------
-class SIDCoParams(SparseParams):
-    first_ratio: float = Field(0.25, gt=0.0, lt=1.0)
-    stage_ratio: float = Field(0.25, gt=0.0, lt=1.0)
-    num_stages: int = Field(0, ge=0)
-    distribution: Literal["exp"] = "exp"
-    adapt_stages: bool = False
-
-    @field_validator("adapt_stages")
-    @classmethod
-    def _no_adapt(cls, v: bool) -> bool:
-        if v:
-            raise ValueError("adapt_stages is not implemented (the fixed capacity already bounds the deviation)")
-        return v
-
-
-@register_compressor("sidco")
-class SIDCo(SparseCompressor):
-    """Multi-stage exponential fit of the magnitudes (§3.6); thresholds on |x| (the ‖x‖ scaling cancels)."""
-
-    Params = SIDCoParams
-
-    def ratios(self, level: float) -> list[float]:
-        p = self.params
-        return sel.sidco_ratios(min(1.0, 1.0 / level), p.first_ratio, p.stage_ratio, p.num_stages)
-
-    def select(self, x: Tensor, plan: TensorPlan, ctx: CompressCtx) -> Tensor:
-        a = x.abs()
-        thr = sel.sidco_threshold(a, self.ratios(plan.level), plan.k)
-        return self.capacity(x, sel.candidates(a, thr, strict=True), plan.k, ctx.key)
-
-    def select_stage2(self, a1: Tensor, k2: int, plan2: TensorPlan, x: Tensor, ctx: CompressCtx) -> Tensor:
-        q = k2 / a1.numel()   # further stages on stage 1's exceedances, product of ratios = k2/m1
-        stages = max(1, math.ceil(math.log(q) / math.log(self.params.stage_ratio) - 1e-12))
-        ratios = [self.params.stage_ratio] * (stages - 1) + [q / self.params.stage_ratio ** (stages - 1)]
-        return trim(a1, sel.candidates(a1, sel.sidco_threshold(a1, ratios, k2, m0_first=None), strict=True), k2)
-
-
-# ---------------------------------------------------------------------------------------------------------
-class ThresholdParams(SparseParams):
-    tau: float = Field(0.01, ge=0.0)
-
-
-@register_compressor("threshold")
-class Threshold(SparseCompressor):
-    """Fixed magnitude threshold τ (§3.7); θ only bounds the payload, so it is a static-mode compressor."""
-
-    Params = ThresholdParams
-    static_only = True   # not usable with mode "gravac": its level does not steer the selection
-
-    def select(self, x: Tensor, plan: TensorPlan, ctx: CompressCtx) -> Tensor:
-        cand = sel.candidates(x, self.params.tau, strict=True)
-        return self.capacity(x, cand, plan.k, ctx.key)
-
-
-# ---------------------------------------------------------------------------------------------------------
-class GradDropParams(SparseParams):
-    sample_ratio: float = Field(0.001, gt=0.0, le=1.0)
-
-
-@register_compressor("graddrop")
-class GradDrop(SparseCompressor):
-    """Sampled drop threshold, no adaptation, no momentum correction (§3.7)."""
-
-    Params = GradDropParams
-
-    def select(self, x: Tensor, plan: TensorPlan, ctx: CompressCtx) -> Tensor:
-        n = x.numel()
-        s = max(1, math.ceil(self.params.sample_ratio * n))
-        r = min(s, max(1, math.ceil(s / plan.level)))
-        thr = sel.largest_at(sel.sample_abs(x, s, self.rank_generator(x, ctx, STREAM_GRADDROP_SAMPLE)), r)
-        cand = sel.candidates(x, thr)
-        return self.capacity(x, cand, plan.k, ctx.key)
-
-    def select_stage2(self, a1: Tensor, k2: int, plan2: TensorPlan, x: Tensor, ctx: CompressCtx) -> Tensor:
-        return self.sampled_stage2(a1, k2, self.params.sample_ratio, x, ctx)
-
-
-from . import sparse_dgc, sparse_random  # noqa: E402,F401  (registers dgc and randomk)

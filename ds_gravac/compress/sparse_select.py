@@ -1,8 +1,8 @@
-"""Selection kernels shared by the sparsifiers (compressors.md §3).
+"""Selection kernels shared by the sparsifiers.
 
 Pure functions on flat floating tensors: candidate extraction for a magnitude threshold, exact top-k with a
 canonical tie rule, sampled thresholds, and the data-dependent threshold searches of DGC, RedSync and SIDCo.
-They never touch compressor state, so multi-level stages (§7) and tests can call them directly.
+They never touch compressor state, so multi-level stages and tests can call them directly.
 
 Canonical tie rule: among elements whose magnitude equals the k-th largest, the lowest indices win. Every
 algorithm here realizes it, so the selected *set* does not depend on the algorithm, and a top-k of a top-k
@@ -304,7 +304,7 @@ def exp_tail(values: Tensor, q: float, m0: Optional[float] = None) -> float:
 
 
 def sidco_ratios(delta: float, first: float, stage: float, num_stages: int) -> list[float]:
-    """Per-stage keep ratios whose product is ``delta`` (compressors.md §3.6)."""
+    """Per-stage keep ratios whose product is ``delta``."""
     if delta >= first or num_stages == 1:
         return [delta]
     if num_stages > 1:

@@ -1,6 +1,13 @@
-"""Checkpoints (deepspeed.md §7): replicated state in DeepSpeed's client_state (written by rank 0), per-rank
-state (residuals, compressor memory) in ``gravac_rank{r:05d}.pt`` next to it. Never in ``optimizer.state``:
-with ZeRO-0 every rank loads rank 0's optimizer state, which would overwrite per-rank residuals."""
+"""Checkpoints: replicated state (controller, bucket order, config) in DeepSpeed's client_state, written by rank 0,
+and per-rank state (error-feedback memory) in ``gravac_rank{r:05d}.pt`` next to it, with a copy of the replicated
+part. Never in ``optimizer.state``: with ZeRO-0 every rank loads rank 0's optimizer state, which would overwrite
+the per-rank memory.
+
+Loading says what differs from the running setup: another package version or ``"gravac"`` section (the keys are
+named), another world size (``checkpoint.on_world_size_change``: reset the per-rank memory with a warning, or
+raise), another compressor (its memory is reset). Nothing measured before the load survives it: the timing and
+statistics of the step that was running are dropped.
+"""
 from __future__ import annotations
 
 import logging
@@ -13,12 +20,17 @@ import torch.distributed as tdist
 from ..errors import GravacError
 
 logger = logging.getLogger("ds_gravac")
-FORMAT = 1
+FORMAT = 2
 CLIENT_KEY = "gravac"
 
 
 def rank_file(directory: str, rank: int) -> str:
     return os.path.join(directory, f"gravac_rank{rank:05d}.pt")
+
+
+def _version() -> str:
+    from .. import __version__
+    return __version__
 
 
 def handle_state(handle: Any) -> dict[str, Any]:
@@ -28,52 +40,78 @@ def handle_state(handle: Any) -> dict[str, Any]:
         return {"replicated": {}, "local": {}}
     sync.drain()
     comp_state = comp.state_dict()
-    replicated = {"format": FORMAT, "controller": handle.controller.state_dict(),
-                  "bucket_order": list(sync.plan.order) if sync.plan.frozen else None,
-                  "layout_signature": sync.plan.layout_signature(), "step": int(handle.engine.global_steps),
-                  "config_hash": handle.config.config_hash(), "compressor": comp_state.get("replicated", {}),
+    sync_state = sync.state_dict()
+    replicated = {"format": FORMAT, "version": _version(), "controller": handle.controller.state_dict(),
+                  "bucket_order": sync_state["bucket_order"], "layout_signature": sync_state["layout_signature"],
+                  "step": int(handle.engine.global_steps), "config_hash": handle.config.config_hash(),
+                  "config": handle.config.normalized(), "compressor": comp_state.get("replicated", {}),
                   "compressor_type": handle.config.compressor.type, "world_size": sync.world_size}
-    residuals = {b: cb.residual.clone() for b, cb in sync.cbuckets.items() if cb.residual is not None}
-    local = {"format": FORMAT, "rank": sync.rank, "world_size": sync.world_size,
-             "layout_signature": replicated["layout_signature"], "residuals": residuals,
-             "compressor_state": comp_state.get("local", {}), "compressor_type": handle.config.compressor.type,
-             "global_steps": int(handle.engine.global_steps)}
+    local = {"format": FORMAT, "version": _version(), "rank": sync.rank, "world_size": sync.world_size,
+             "memory": sync_state["memory"], "compressor_state": comp_state.get("local", {}),
+             "compressor_type": handle.config.compressor.type, "global_steps": int(handle.engine.global_steps)}
     return {"replicated": replicated, "local": local}
 
 
+def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two normalized ``"gravac"`` sections."""
+    out: list[str] = []
+    for key in sorted(set(saved) | set(current)):
+        a, b = saved.get(key), current.get(key)
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            out.extend(config_differences(a, b, f"{prefix}{key}."))
+        elif a != b:
+            out.append(f"{prefix}{key} ({a!r} -> {b!r})")
+    return out
+
+
+def _report_differences(handle: Any, rep: Mapping[str, Any]) -> None:
+    version = rep.get("version")
+    if version is not None and version != _version():
+        logger.warning("ds_gravac: checkpoint written by ds_gravac %s, this is %s", version, _version())
+    if rep.get("config_hash") is not None and rep["config_hash"] != handle.config.config_hash():
+        saved = rep.get("config")
+        diffs = config_differences(saved, handle.config.normalized()) if isinstance(saved, Mapping) else []
+        logger.warning("ds_gravac: the checkpoint was written with a different 'gravac' section%s",
+                       ": " + "; ".join(diffs) if diffs else "")
+
+
+def check_world_size(handle: Any, state: Mapping[str, Any], world_size: int) -> bool:
+    """Whether the per-rank state was written at this world size; applies ``on_world_size_change``."""
+    rep, local = state.get("replicated") or {}, state.get("local") or {}
+    old = local.get("world_size", rep.get("world_size"))
+    if old is None or int(old) == world_size:
+        return True
+    if handle.config.checkpoint.on_world_size_change == "error":
+        raise GravacError(f"ds_gravac: checkpoint was written with world_size={old}, now {world_size} "
+                          f"(checkpoint.on_world_size_change is 'error')")
+    logger.warning("ds_gravac: checkpoint was written with world_size=%s, now %d: error-feedback residuals "
+                   "reset to zero (controller state kept)", old, world_size)
+    return False
+
+
 def load_handle_state(handle: Any, state: Mapping[str, Any]) -> None:
-    """Restore replicated state exactly; local state only when world size, layout and compressor match."""
+    """Restore replicated state exactly; per-rank state only when world size, format and compressor match."""
     rep, local = state.get("replicated") or {}, state.get("local") or {}
     sync = handle.sync
     if sync is None:
         return
-    order = rep.get("bucket_order")
-    if order is not None and (not sync.plan.frozen or list(sync.plan.order) != list(order)):
-        sync._build_plan([int(i) for i in order], frozen=True)
+    _report_differences(handle, rep)
+    same_world = check_world_size(handle, state, sync.world_size)
     if rep.get("controller") is not None:
         handle.controller.load_state_dict(rep["controller"])
-    old = local.get("world_size", rep.get("world_size", sync.world_size))
-    world_changed = int(old) != sync.world_size
-    if world_changed:
-        if handle.config.checkpoint.on_world_size_change == "error":
-            raise GravacError(f"ds_gravac: checkpoint was written with world_size={old}, now {sync.world_size} "
-                              f"(checkpoint.on_world_size_change is 'error')")
-        logger.warning("ds_gravac: checkpoint was written with world_size=%s, now %d: error-feedback residuals "
-                       "reset to zero (controller state kept)", old, sync.world_size)
-    layout_ok = local.get("layout_signature") == sync.plan.layout_signature() \
-        and local.get("compressor_type", handle.config.compressor.type) == handle.config.compressor.type
-    if local and not layout_ok and not world_changed:
-        logger.warning("ds_gravac: bucket layout or compressor changed since the checkpoint: residuals reset")
-    usable = bool(local) and layout_ok and not world_changed
+    same_compressor = local.get("compressor_type", handle.config.compressor.type) == handle.config.compressor.type
+    if local and same_world and not same_compressor:
+        logger.warning("ds_gravac: the checkpoint's compressor was '%s', now '%s': its memory is reset",
+                       local.get("compressor_type"), handle.config.compressor.type)
+    if local and local.get("format") != FORMAT:
+        logger.warning("ds_gravac: per-rank checkpoint format %s (this version writes %s): error-feedback memory "
+                       "starts at zero", local.get("format"), FORMAT)
+    usable = bool(local) and same_world and same_compressor and local.get("format") == FORMAT
     handle.compressor.load_state_dict({"replicated": rep.get("compressor", {}),
                                        "local": local.get("compressor_state", {}) if usable else {}},
                                       world_size_changed=not usable)
-    sync.reset_memory()
-    if usable:
-        for b, tensor in local.get("residuals", {}).items():
-            cb = sync.cbuckets.get(int(b))
-            if cb is not None and cb.residual is not None and cb.residual.shape == tensor.shape:
-                cb.residual.copy_(tensor)
+    sync.load_state_dict({"bucket_order": rep.get("bucket_order"), "memory": local.get("memory")},
+                         memory=usable)
 
 
 def save_checkpoint(handle: Any, save_dir: str, tag: Optional[str], client_state: Optional[dict],
@@ -95,8 +133,6 @@ def write_rank_file(directory: str, state: Mapping[str, Any]) -> str:
     path = rank_file(directory, rank)
     payload = dict(state["local"])
     payload["replicated"] = state["replicated"]
-    from .. import __version__
-    payload["version"] = __version__
     tmp = path + ".tmp"
     torch.save(payload, tmp)
     os.replace(tmp, path)
@@ -113,16 +149,25 @@ def read_rank_file(directory: str, rank: int) -> Optional[dict[str, Any]]:
 
 
 def load_checkpoint(handle: Any, load_dir: str, tag: Optional[str], **ds_kwargs: Any) -> Any:
-    """DeepSpeed load, then our replicated state (client_state, else the per-rank copy), then per-rank state."""
+    """DeepSpeed load, then our replicated state (client_state, else the per-rank copy), then per-rank state.
+
+    A passive handle (world size 1) restores nothing, but still applies ``on_world_size_change`` to a
+    checkpoint that holds ds_gravac state of a larger run, so that state is never dropped silently."""
     load_path, client_state = handle.engine.load_checkpoint(load_dir, tag=tag, **ds_kwargs)
-    if load_path is None or handle.sync is None:
+    if load_path is None:
         return load_path, client_state
-    rank = handle.sync.rank
+    rank = handle.sync.rank if handle.sync is not None else 0
     per_rank = read_rank_file(os.path.dirname(load_path), rank) if handle.config.checkpoint.per_rank_files \
         else None
     replicated = (client_state or {}).pop(CLIENT_KEY, None)
     if replicated is None and per_rank is not None:
         replicated = per_rank.get("replicated")
+    if handle.sync is None:
+        if replicated or per_rank:
+            if check_world_size(handle, {"replicated": replicated or {}, "local": per_rank or {}}, 1):
+                logger.warning("ds_gravac: world size 1: ds_gravac is passive, the checkpoint's ds_gravac state "
+                               "is not used")
+        return load_path, client_state
     if replicated is None:
         logger.warning("ds_gravac: no ds_gravac state in checkpoint; controller starts fresh")
     if per_rank is None:

@@ -1,4 +1,5 @@
-"""``attach``/``detach`` and the :class:`GravacHandle` (architecture.md §7)."""
+"""``attach``/``detach`` and the :class:`GravacHandle`: everything is validated and agreed across ranks before
+the engine is changed."""
 from __future__ import annotations
 
 import logging
@@ -8,14 +9,16 @@ import torch
 from pydantic import ValidationError
 
 from ..adapt import ControllerContext, build_controller
-from ..compress.base import Compressor, Kind, stable_hash
+from ..compress.base import Compressor, Kind
 from ..compress.registry import lookup
 from ..config import GravacConfig, parse_config
 from ..errors import GravacConfigError, GravacUnsupportedError
-from ..sync.collectives import Channels, check_agreement
-from ..sync.dense_path import ReduceRule
+from ..sync.buckets import classify
+from ..sync.collectives import Channels
+from ..sync.reduce_rule import ReduceRule
 from ..sync.synchronizer import Synchronizer
 from ..telemetry.sinks import JsonlSink
+from .agreement import agree_config, agree_ok, agree_parameters
 from .shm_buffer import release_shm_buffer
 from .validation import validate_engine
 
@@ -30,7 +33,7 @@ def _version() -> str:
     return __version__
 
 
-NOT_YET = {"selection": ("cost_model", "the cost-model planner (synchronization.md §7.2) is not implemented yet; "
+NOT_YET = {"selection": ("cost_model", "the cost-model planner is not implemented yet; "
                                       "use selection 'threshold' with min_compress_numel"),
            "decision_source": ("rank0", "rank-0 decision broadcast is not implemented yet; the default 'allreduce' "
                                         "already gives every rank identical decisions")}
@@ -83,16 +86,17 @@ class GravacHandle:
                                     f"'{cfg.compressor.type}' is static-only (use mode 'static')")
         comp.check_engine(eng)
         world, rank = dist.get_world_size(), dist.get_rank()
-        agree = stable_hash(repr((self.config.config_hash(), f"{type(comp).__module__}.{type(comp).__qualname__}",
-                                  _version(), world)))
-        check_agreement(agree, None, "the 'gravac' config differs across ranks")
+        agree_config(cfg.normalized(), {"compressor class": f"{type(comp).__module__}.{type(comp).__qualname__}",
+                                        "ds_gravac version": _version(), "world size": world}, None)
+        agree_parameters(eng.module.named_parameters())
         release_shm_buffer(rank)    # every rank has mapped the peers' buffers by now (shm_buffer.py)
+        _check_compressible(cfg, comp, eng)
+        sink_problem = self._open_sink(rank)
+        agree_ok(sink_problem, None)
         self.compressor = comp
         self.channels = Channels.create(cfg.timeout_s)
         self.controller = build_controller(cfg)
         rule = ReduceRule.from_engine(eng, world)
-        if cfg.telemetry.jsonl and ("{rank}" in cfg.telemetry.jsonl or rank == 0):
-            self._sink = JsonlSink(cfg.telemetry.jsonl.replace("{rank}", str(rank)))
         self.sync = Synchronizer(eng, cfg, comp, self.controller, self.channels, rule, bucket_order,
                                  on_record=self._on_record)
         compressible = tuple(m.name for m in self.sync.members if m.compressible)
@@ -108,6 +112,19 @@ class GravacHandle:
         logger.info("ds_gravac: attached (mode=%s, compressor=%s, %d buckets provisional, %d/%d tensors "
                     "compressible)", cfg.mode, cfg.compressor.type, self.sync.plan.num_buckets,
                     len(compressible), len(self.sync.members))
+
+    def _open_sink(self, rank: int) -> Optional[str]:
+        """Open the JSON-lines file on the ranks that write one; a failure is reported, not raised, so that
+        every rank raises it together (a rank that failed alone would leave the others waiting)."""
+        path = self.config.telemetry.jsonl
+        if not path or ("{rank}" not in path and rank != 0):
+            return None
+        target = path.replace("{rank}", str(rank))
+        try:
+            self._sink = JsonlSink(target)
+        except OSError as exc:
+            return f"ds_gravac: telemetry.jsonl: cannot create '{target}': {exc.strerror or exc}"
+        return None
 
     def _move_optimizer_into_compressor(self, compressible: tuple[str, ...]) -> None:
         """DGC owns momentum and weight decay (synchronization.md §3): all tensors compressed, SGD plain."""
@@ -132,8 +149,7 @@ class GravacHandle:
     def detach(self) -> None:
         """Wait for in-flight work, remove hooks, give gradient averaging back to DeepSpeed."""
         if self.active and self.sync is not None:
-            nonzero = any(cb.residual is not None and bool(cb.residual.any())
-                          for cb in self.sync.cbuckets.values())
+            nonzero = self.sync.memory.nonzero()
             self.sync.close()
             if nonzero:
                 logger.warning("ds_gravac: detach drops non-zero error-feedback residuals")
@@ -179,6 +195,20 @@ class GravacHandle:
     def load_checkpoint(self, load_dir: str, tag: Optional[str] = None, **ds_kwargs: Any) -> Any:
         from .checkpoint import load_checkpoint
         return load_checkpoint(self, load_dir, tag, **ds_kwargs)
+
+
+def _check_compressible(cfg: GravacConfig, comp: Compressor, engine: Any) -> None:
+    """Accordion switches levels per compressed tensor: with nothing compressible it has nothing to decide."""
+    if cfg.mode != "accordion":
+        return
+    named = [(n, p) for n, p in engine.module.named_parameters() if p.requires_grad and p.numel() > 0]
+    if not any(m.compressible for m in classify(named, comp.accepts, cfg.min_compress_numel,
+                                                comp.name != "none")):
+        largest = max((p.numel() for _, p in named), default=0)
+        raise GravacConfigError(f"ds_gravac: mode 'accordion' needs at least one compressed tensor, but with "
+                                f"compressor '{cfg.compressor.type}' and min_compress_numel "
+                                f"{cfg.min_compress_numel} (largest tensor: {largest} elements) none is "
+                                f"compressed; lower min_compress_numel or use mode 'dense'")
 
 
 def _resolve_section(engine: Any, config: Union[Mapping[str, Any], GravacConfig, None]) -> Mapping[str, Any]:

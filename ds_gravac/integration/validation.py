@@ -1,4 +1,4 @@
-"""The support matrix (deepspeed.md §5): reject what ds_gravac cannot take over, before touching the engine."""
+"""The support matrix: reject what ds_gravac cannot take over, before touching the engine."""
 from __future__ import annotations
 
 from typing import Any
@@ -50,3 +50,8 @@ def validate_engine(engine: Any) -> None:
     if not _call(engine, "managed_gradient_accumulation", True):
         _fail("managed_gradient_accumulation is false: the accumulation boundary is only visible inside step(); "
               "remove the key")
+    for name, module in engine.module.named_modules():
+        if isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and module.sparse \
+                and module.weight.requires_grad:
+            _fail(f"sparse gradients are not supported: module '{name}' is {type(module).__name__}(sparse=True); "
+                  f"construct it with sparse=False (its gradient is then a dense tensor ds_gravac can exchange)")

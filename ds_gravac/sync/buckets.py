@@ -1,13 +1,15 @@
-"""Tensor fusion: which gradients travel together, in one order every rank shares (synchronization.md §3)."""
+"""Tensor fusion: which gradients travel together, in one order every rank shares."""
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
 
 from ..compress.base import stable_hash
-from ..errors import GravacConfigError
+
+logger = logging.getLogger("ds_gravac")
 
 INT32_LIMIT = 2**31
 
@@ -54,10 +56,11 @@ def classify(named_params: Sequence[tuple[str, torch.Tensor]], accepts: Callable
     """Static classification (compressible or dense) of every trainable parameter, in registration order."""
     members = []
     for i, (name, p) in enumerate(named_params):
-        if p.numel() >= INT32_LIMIT:
-            raise GravacConfigError(f"ds_gravac: parameter '{name}' has {p.numel()} elements; tensors must have "
-                                    f"fewer than 2^31 (int32 indices)")
         compressible = compress_enabled and p.numel() >= max(1, min_compress_numel) and accepts(tuple(p.shape))
+        if compressible and p.numel() >= INT32_LIMIT:       # payload indices are int32; dense sends need none
+            logger.warning("ds_gravac: parameter '%s' has %d elements (>= 2^31, beyond int32 payload indices): "
+                           "it is always sent dense", name, p.numel())
+            compressible = False
         members.append(Member(index=i, name=name, param=p, compressible=compressible))
     return members
 

@@ -84,6 +84,11 @@ class Channels:
     def data2(self) -> Any:
         return self.groups[2]
 
+    @property
+    def data_channels(self) -> list[Any]:
+        """Round r of an exchange runs on ``data_channels[r]``."""
+        return self.groups[1:]
+
 
 def _nonempty(t: torch.Tensor, what: str) -> None:
     if t.numel() == 0:

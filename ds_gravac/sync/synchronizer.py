@@ -1,46 +1,72 @@
-"""The per-step state machine (synchronization.md §4): decision at the first boundary hook, in-order bucket
-launches during backward, finish at the end of backward, stats exchange on ch0 for the next decision."""
+"""The scheduler of one engine's gradient synchronization: it orders launches, waits, and hands results back.
+
+One step (one accumulation boundary):
+
+1. The first boundary hook is the decision point: the controller decides from agreed values only, and the
+   decision becomes a :class:`StepPlan` with one typed action per bucket.
+2. As backward completes buckets, they launch strictly in plan order: the memory stages the compressor input,
+   the codec encodes the sent level and the measured ones, and the bucket's exchange pattern issues its first
+   collective on the first data channel. Nothing persistent changes yet.
+3. At the end of backward the remaining buckets launch, further rounds of multi-round patterns are issued in plan
+   order, and this step's statistics vector is exchanged on the control channel. It carries every rank's
+   non-finite count, so all ranks learn together whether any gradient of the step was NaN/Inf.
+4. Finite: every bucket's memory commits, its result is decoded and written to ``p.grad``, and the controller
+   observes the statistics. Not finite: nothing commits; the gradients are averaged exactly as plain DeepSpeed
+   would (``nonfinite: "dense"``) or a :class:`GravacError` names the step and tensor (``"raise"``).
+
+What a bucket does inside an exchange, and how payloads are encoded, is not this module's business: see
+``ds_gravac.sync.exchange`` (patterns), ``ds_gravac.sync.codec`` (encode/decode) and ``ds_gravac.sync.memory``.
+"""
 from __future__ import annotations
 
+import collections
+import logging
+import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
 from ..compress.base import CompressCtx, Compressor, stable_hash
 from ..errors import GravacError
 from ..telemetry import stats as statvec
+from ..telemetry.stats import StepStats
 from .buckets import BucketPlan, Member, classify
-from .collectives import Channels, Work, broadcast, check_agreement, ring_allreduce_bytes
-from .compressed_path import BucketStepStats, CompressedBucket
-from .dense_path import DenseReduce, ReduceRule
+from .codec import BucketCodec, SendLayout
+from .collectives import Channels, Work, all_gather_async, broadcast, check_agreement, ring_allreduce_bytes
+from .exchange import DenseAllReduce, Exchange, payload_exchange
+from .hooks import HookManager
+from .memory import ErrorFeedbackMemory, flat_fp32
+from .reduce_rule import ReduceRule
+from .step_plan import DEFERRED, DENSE, ActionKind, BucketAction, StepPlan, compress
 
-DEFERRED = "deferred"
-DENSE = "dense"
+logger = logging.getLogger("ds_gravac")
+RECORDS_KEPT = 1000          # per-step records kept for pop_stats(); older ones are dropped (bounded memory)
 
 
 @dataclass
-class StepContext:
-    """Everything about the running step; created at the decision point, dropped at the end of finish."""
+class RunningStep:
+    """Everything about the step in flight; created at the decision point, dropped at the end of backward."""
 
-    step: int
-    decision: Any
-    probes: tuple[float, ...]
-    actions: list[Any]
-    pending: list[int]
-    next_b: int = 0
-    stats: BucketStepStats = field(default_factory=BucketStepStats)
-    dense_reds: dict[int, DenseReduce] = field(default_factory=dict)
+    plan: StepPlan
+    pending: list[int]                                   # members not yet ready, per bucket
+    next_b: int = 0                                      # first bucket not launched yet
+    stats: StepStats = field(default_factory=StepStats)
+    exchanges: dict[int, Exchange] = field(default_factory=dict)
+    layouts: dict[int, SendLayout] = field(default_factory=dict)      # compressed buckets' sent layouts
+    staged: dict[int, list[torch.Tensor]] = field(default_factory=dict)   # strict mode: inputs awaiting launch
     launch_t: dict[int, float] = field(default_factory=dict)
     t_begin: float = 0.0
+    observed: bool = False                               # the controller has seen this step's statistics
 
 
 class Synchronizer:
-    """Takes over gradient averaging of one engine; owns plan, buffers, hooks and the running step."""
+    """Takes over gradient averaging of one engine; owns plan, codecs, memory, hooks and the running step."""
 
     def __init__(self, engine: Any, config: Any, compressor: Compressor, controller: Any, channels: Channels,
-                 rule: ReduceRule, bucket_order: Optional[list[int]] = None, on_record: Any = None) -> None:
+                 rule: ReduceRule, bucket_order: Optional[list[int]] = None,
+                 on_record: Optional[Callable[[dict[str, Any]], None]] = None) -> None:
         self.engine, self.config, self.comp, self.controller = engine, config, compressor, controller
         self.channels, self.rule, self.on_record = channels, rule, on_record
         self.rank, self.world_size = channels.rank, channels.world_size
@@ -49,33 +75,34 @@ class Synchronizer:
         self.members: list[Member] = classify(named, compressor.accepts, config.min_compress_numel, enabled)
         self.numel_total = sum(m.numel for m in self.members)
         self.cap = max(1, int(config.bucket_cap_mb * 2**20 / 4))
+        self.pattern = payload_exchange(compressor)
+        self.memory = ErrorFeedbackMemory(compressor, config.error_feedback)
+        self.check_finite = config.mode != "dense" or config.nonfinite == "raise"
         self._group_of = _param_groups(engine)
         if bucket_order is not None and len(bucket_order) == len(self.members):
             self._build_plan(bucket_order, frozen=True)
         else:
             self._build_plan(BucketPlan.provisional_order(len(self.members)), frozen=False)
-        self.ctx: Optional[StepContext] = None
+        self.running: Optional[RunningStep] = None
         self._ready_order: list[int] = []
-        self._pending_stats: Optional[tuple[Work, torch.Tensor, StepContext]] = None
-        self._records: list[dict[str, Any]] = []
+        self._records: collections.deque[dict[str, Any]] = collections.deque(maxlen=RECORDS_KEPT)
         self.last_record: dict[str, Any] = {}
         self.backward_end_t = 0.0
         self.last_launch_times: dict[int, float] = {}
-        self._selection_digest: Optional[list[int]] = [] if callable(getattr(compressor, "indices", None)) else None
-        self._opt_end_t: Optional[float] = None
-        self._t_iter_last = 0.0
-        self._t_gain_last = 0.0
+        self._check_selection = callable(getattr(compressor, "indices", None))
+        self._selection_digests: list[int] = []
+        self._agreed_lr = math.nan
+        self._reset_timing()
         self._opt_hook = _register_step_hook(engine, self._on_optimizer_step)
-        from .hooks import HookManager
         self.hooks = HookManager(engine, [m.param for m in self.members], self._begin, self._ready, self._finish)
 
     # ---- plan -------------------------------------------------------------------------------------------
     def _build_plan(self, order: list[int], frozen: bool) -> None:
         self.plan = BucketPlan(self.members, order, self.cap, frozen=frozen, compressor_type=self.comp.name)
-        self.cbuckets: dict[int, CompressedBucket] = {
-            b.index: CompressedBucket(b, self.comp, self.rank, self.world_size, self.config.seed,
-                                      self.config.error_feedback, self._make_ctx)
-            for b in self.plan.buckets if b.compressible}
+        compressible = [b for b in self.plan.buckets if b.compressible]
+        self.ctxs = {b.index: [self._make_ctx(m) for m in b.members] for b in compressible}
+        self.codecs = {b.index: BucketCodec(b, self.comp, self.ctxs[b.index]) for b in compressible}
+        self.memory.build(compressible)
         self._fallback_cache: dict[tuple[int, tuple[float, ...]], bool] = {}
 
     def _make_ctx(self, m: Member) -> CompressCtx:
@@ -86,135 +113,187 @@ class Synchronizer:
                            momentum=float(group.get("momentum", 0.0)), error_feedback=self.config.error_feedback,
                            shape=tuple(m.param.shape))
 
+    def rebuild(self, order: list[int]) -> None:
+        """Freeze a given bucket order (rank 0's, broadcast; or restored from a checkpoint)."""
+        self._build_plan([int(i) for i in order], frozen=True)
+
     def _freeze_plan(self) -> None:
-        """End of the discovery step: rank 0's readiness order becomes everyone's plan (§3)."""
+        """End of the discovery step: rank 0's readiness order becomes everyone's plan."""
         order = BucketPlan.complete_order(self._ready_order, len(self.members))
         t = torch.tensor(order, dtype=torch.int32)
-        broadcast(t, 0, self.channels.control)
-        self._build_plan([int(i) for i in t.tolist()], frozen=True)
+        broadcast(t, 0, self.channels.control, "broadcast of the bucket order")
+        self.rebuild(t.tolist())
+        check_agreement(self.plan.layout_signature(), self.channels.control,
+                        "ranks built different bucket plans from rank 0's order (parameter lists differ)")
 
-    # ---- levels and actions -----------------------------------------------------------------------------
+    # ---- actions ----------------------------------------------------------------------------------------
     def _level(self, level: float, step: int) -> float:
         return float(self.comp.effective_cf(self.comp.realize_cf(level), step))
 
     def _dense_at(self, b: int, levels: tuple[float, ...]) -> bool:
-        """Whether bucket b is sent dense at these levels (the sparse break-even rule, §5.3)."""
+        """Whether bucket b goes dense at these levels because its pattern would move more bytes than dense."""
         key = (b, levels)
         hit = self._fallback_cache.get(key)
         if hit is None:
-            cb = self.cbuckets[b]
-            hit = self.config.sparse_fallback and not cb.sparse_payload_pays(levels, self.rule)
+            codec = self.codecs[b]
+            words = sum(p.words for p in codec.plans(levels))
+            hit = self.config.sparse_fallback and not self.pattern.pays(words, codec.bucket.numel,
+                                                                        self.world_size, self.rule)
             self._fallback_cache[key] = hit
         return hit
 
-    def _actions(self, decision: Any, step: int) -> list[Any]:
-        actions: list[Any] = []
-        for b in self.plan.buckets:
-            if not b.compressible:
-                actions.append(None)
-            elif decision.deferred:
-                actions.append(DEFERRED)
-            elif decision.dense:
-                actions.append(DENSE)
-            else:
-                levels = tuple(self._level(decision.level_for(m.name), step) for m in b.members)
-                actions.append(DENSE if self._dense_at(b.index, levels) else levels)
-        return actions
+    def _action(self, b: int, decision: Any, step: int) -> BucketAction:
+        bucket = self.plan.buckets[b]
+        if not bucket.compressible or decision.dense:
+            return DENSE
+        levels = tuple(self._level(decision.level_for(m.name), step) for m in bucket.members)
+        return DENSE if self._dense_at(b, levels) else compress(levels)
+
+    def _actions(self, decision: Any, step: int) -> tuple[BucketAction, ...]:
+        if decision.deferred:
+            return tuple(DEFERRED if b.compressible else DENSE for b in self.plan.buckets)
+        return tuple(self._action(b.index, decision, step) for b in self.plan.buckets)
 
     # ---- hook callbacks ---------------------------------------------------------------------------------
     def _begin(self) -> None:
-        """Decision point of the step (pipelined: first boundary hook)."""
+        """Decision point of the step (first boundary hook)."""
         t0 = time.perf_counter()
-        self._collect_stats()
         step = int(self.engine.global_steps)
-        lr = _current_lr(self.engine)
         if self.plan.frozen and self.controller.broadcast_point(step):
             size = self.controller.proposal_size()
-            prop = self.controller.propose(step, lr) if self.rank == 0 else torch.zeros(size, dtype=torch.int64)
+            prop = self.controller.propose(step, self._agreed_lr) if self.rank == 0 \
+                else torch.zeros(size, dtype=torch.int64)
             prop = prop.to(torch.int64).reshape(size).clone()
-            broadcast(prop, 0, self.channels.control)
+            broadcast(prop, 0, self.channels.control, "broadcast of rank 0's decision")
             self.controller.accept(step, prop)
         interval = self.config.agreement_check_interval
-        checksum = getattr(self.controller, "state_checksum", None)
-        if interval and checksum is not None and step % interval == 0:
-            check_agreement(int(checksum()), self.channels.control,
+        if interval and step % interval == 0:
+            check_agreement(int(self.controller.state_checksum()), self.channels.control,
                             f"ranks hold different controller states at step {step} (agreement_check_interval)")
-        decision = self.controller.decide(step, lr, force_dense=not self.plan.frozen)
+        decision = self.controller.decide(step, self._agreed_lr, force_dense=not self.plan.frozen)
         probes = tuple(float(self.comp.realize_cf(p)) for p in decision.probe_levels)
-        self.ctx = StepContext(step=step, decision=decision, probes=probes, actions=self._actions(decision, step),
-                               pending=[len(b.members) for b in self.plan.buckets], t_begin=t0)
+        plan = StepPlan(step, decision, probes, self._actions(decision, step))
+        self.running = RunningStep(plan=plan, pending=[len(b.members) for b in self.plan.buckets], t_begin=t0)
         if self.config.debug.check_plans:
-            check_agreement(stable_hash(repr((step, decision, self.ctx.actions))), self.channels.control,
-                            f"ranks disagree on the plan of step {step}")
+            check_agreement(plan.digest(), self.channels.control, f"ranks disagree on the plan of step {step}")
 
     def _ready(self, index: int) -> None:
         if not self.plan.frozen:
             self._ready_order.append(index)
-        ctx = self.ctx
-        ctx.pending[self.members[index].bucket] -= 1
+        run = self.running
+        run.pending[self.members[index].bucket] -= 1
         if self.config.overlap:
             self._launch_prefix()
 
     def _launch_prefix(self) -> None:
-        ctx = self.ctx
-        while ctx.next_b < len(ctx.pending) and ctx.pending[ctx.next_b] <= 0:
-            self._launch(ctx.next_b)
-            ctx.next_b += 1
-
-    def _probe_fallback(self, b: int) -> list[bool]:
-        cb = self.cbuckets[b]
-        return [self._dense_at(b, tuple(p for _ in cb.bucket.members)) for p in self.ctx.probes]
+        run = self.running
+        while run.next_b < len(run.pending) and run.pending[run.next_b] <= 0:
+            self._launch(run.next_b)
+            run.next_b += 1
 
     def _launch(self, b: int) -> None:
-        ctx, bucket = self.ctx, self.plan.buckets[b]
-        ctx.launch_t[b] = time.perf_counter()
-        st = ctx.stats
-        if not bucket.compressible:
-            grads = [m.param.grad for m in bucket.members]
-            if ctx.probes:
-                den = sum(float(torch.dot(g.view(-1).float(), g.view(-1).float())) for g in grads)
-                st.den += den
-                CompressedBucket.add_dense_probe_nums(None, ctx.probes, [True] * len(ctx.probes), den, st)
-            red = DenseReduce(grads, self.rule, self.channels.data)
-            st.bytes_sent += ring_allreduce_bytes(red.payload_bytes, self.world_size)
-            st.values_sent += bucket.numel
-            ctx.dense_reds[b] = red
-            return
-        cb = self.cbuckets[b]
-        collect = self.controller.collect if self.controller.collects_gradients(ctx.step) else None
-        den_before = st.den
-        cb.stage(ctx.step, collect, self.config.gain_denominator == "raw", st)
-        fallback = self._probe_fallback(b)
-        cb.add_dense_probe_nums(ctx.probes, fallback, st.den - den_before, st)
-        action = ctx.actions[b]
-        if action == DEFERRED or action == DENSE:
-            if ctx.probes:
-                cb.encode(None, ctx.probes, fallback, st)
-            if action == DENSE:
-                cb.launch_dense(self.rule, self.channels.data, st)
+        run = self.running
+        run.launch_t[b] = time.perf_counter()
+        if self.plan.buckets[b].compressible:
+            self._launch_compressible(b)
         else:
-            cb.launch_compressed(cb.encode(action, ctx.probes, fallback, st), self.channels.data, st)
-            if self._selection_digest is not None:
-                self._selection_digest.append(self._shared_selection_digest(cb, action))
+            self._launch_dense_classified(b)
 
-    def _shared_selection_digest(self, cb: CompressedBucket, levels: tuple[float, ...]) -> int:
-        """Checksum of shared-stream selections (Random-k indices) of one bucket (compressors.md §3.3)."""
-        total = 0
-        for mem, ctx, lvl in zip(cb.bucket.members, cb.ctxs, levels):
-            idx = self.comp.indices(mem.numel, self.comp.plan(mem.numel, lvl), ctx)
-            total = stable_hash(f"{total}:{int(idx.long().sum())}:{int((idx.long() * 2654435761 % 1000003).sum())}")
-        return total
+    def _launch_dense_classified(self, b: int) -> None:
+        run, bucket = self.running, self.plan.buckets[b]
+        st, probes = run.stats, run.plan.probes
+        ex = DenseAllReduce(self.rule, self.world_size, f"bucket {b} (dense)",
+                            tensors=[m.param.grad for m in bucket.members])
+        if probes or self.check_finite:
+            flat = ex.flat if ex.flat.dtype in (torch.float32, torch.float64) else ex.flat.float()
+            den = float(torch.dot(flat, flat))
+            if not math.isfinite(den):
+                self._mark_nonfinite(bucket.members)
+            if probes:       # dense-classified tensors count fully in every gain's numerator and denominator
+                st.den += den
+                st.den_raw += den
+                st.add_nums([den] * len(probes))
+        self._start(b, ex, bucket.numel)
 
-    def _check_shared_selection(self) -> None:
-        """At the first compressed step: fail fast if ranks drew different shared indices (a seed/RNG mismatch)."""
-        digests, self._selection_digest = self._selection_digest, None
-        check_agreement(stable_hash(repr(digests)), self.channels.control,
-                        "ranks selected different Random-k indices at the first compressed step (the shared "
-                        "random stream differs: check that every rank uses the same seed and library versions)")
+    def _launch_compressible(self, b: int) -> None:
+        run, st, plan = self.running, self.running.stats, self.running.plan
+        mem, codec, ctxs = self.memory.bucket(b), self.codecs[b], self.ctxs[b]
+        t0 = time.perf_counter()
+        mem.release_gradients()
+        for ctx in ctxs:
+            ctx.step = plan.step
+        xs = mem.stage(self.comp, ctxs, self.config.error_feedback)
+        for ctx, x in zip(ctxs, xs):
+            ctx.residual = x
+        squares = torch.stack([torch.dot(x, x) for x in xs]).double()
+        den = float(squares.sum())
+        if not math.isfinite(den):
+            self._mark_nonfinite([m for m, sq in zip(codec.bucket.members, squares.tolist()) if not math.isfinite(sq)])
+        st.den += den
+        if self.config.gain_denominator == "raw":
+            st.den_raw += sum(float(torch.dot(g, g)) for g in (flat_fp32(m.param.grad) for m in codec.bucket.members))
+        st.stage_s += time.perf_counter() - t0
+        width = len(codec.bucket.members)
+        live = [not self._dense_at(b, (p,) * width) for p in plan.probes]
+        st.add_nums([0.0 if ok else den for ok in live])      # levels that would go dense count ‖x‖² fully
+        action = plan.actions[b]
+        if action.kind is ActionKind.DEFERRED:
+            lay, es = codec.encode(xs, None, plan.probes, live, extra_sends=self._strict_candidates(b))
+            run.staged[b] = xs
+        elif action.compressed:
+            lay, es = codec.encode(xs, action.levels, plan.probes, live)
+        else:
+            lay, es = codec.encode(xs, None, plan.probes, live) if plan.probes else (None, None)
+        if es is not None:
+            st.add_nums(es.nums)
+            st.compress_s += es.compress_s
+            st.probe_s += es.probe_s
+        if action.kind is not ActionKind.DEFERRED:
+            self._send_compressible(b, action, xs, lay)
 
+    def _send_compressible(self, b: int, action: BucketAction, xs: list[torch.Tensor],
+                           lay: Optional[SendLayout]) -> None:
+        """Launch a staged compressible bucket: its payload with the compressor's pattern, or x dense."""
+        run, codec, mem = self.running, self.codecs[b], self.memory.bucket(b)
+        if action.compressed:
+            assert lay is not None
+            codec.leave_memory(xs, lay)
+            run.layouts[b] = lay
+            ex = self.pattern(codec, lay, self.world_size, f"bucket {b} (compressed)", self.config.bulk)
+            if self._check_selection:
+                self._selection_digests.append(codec.shared_selection_digest(action.levels))
+            self._start(b, ex, lay.values_sent)
+        else:
+            ex = DenseAllReduce(self.rule, self.world_size, f"bucket {b} (dense)", flat=mem.scratch)
+            self._start(b, ex, codec.bucket.numel)
+
+    def _start(self, b: int, ex: Exchange, values: int) -> None:
+        run = self.running
+        ex.launch(self.channels.data_channels)
+        run.exchanges[b] = ex
+        run.stats.bytes_sent += ex.bytes_sent
+        run.stats.values_sent += values
+
+    def _mark_nonfinite(self, members: list[Member]) -> None:
+        for m in members:
+            self.running.stats.mark_nonfinite(m.index)
+
+    def _strict_candidates(self, b: int) -> list[tuple[float, ...]]:
+        """Level tuples a strict step may still send for bucket b (θ_min and θ_c): encoded straight into their
+        send buffers, so the resolved branch is never compressed twice."""
+        plan = self.running.plan
+        width = len(self.plan.buckets[b].members)
+        out = []
+        for p in plan.probes[:2]:
+            levels = tuple(self._level(p, plan.step) for _ in range(width))
+            if levels == (p,) * width and not self._dense_at(b, levels):
+                out.append(levels)
+        return out
+
+    # ---- end of backward ----------------------------------------------------------------------------------
     def _finish(self) -> None:
-        """End of the boundary backward: launch the rest, wait in plan order, write every ``p.grad``."""
-        ctx = self.ctx
+        """End of the boundary backward: launch the rest, agree, then commit and write every ``p.grad``."""
+        run = self.running
         t0 = self.backward_end_t = time.perf_counter()
         for m in self.members:
             if m.param.grad is None:
@@ -222,140 +301,252 @@ class Synchronizer:
             elif m.param.grad.is_sparse:
                 raise GravacError(f"ds_gravac: sparse gradients (e.g. nn.Embedding(sparse=True)) are not "
                                   f"supported (parameter '{m.name}')")
-        ctx.pending = [0] * len(ctx.pending)
+        run.pending = [0] * len(run.pending)
         self._launch_prefix()
-        if self._selection_digest and any(isinstance(a, tuple) for a in ctx.actions):
+        if self._check_selection and self._selection_digests:
             self._check_shared_selection()
-        if ctx.decision.deferred:
-            self._resolve_strict()
-        comm_wait = decompress = writeback = 0.0
-        for b in self.plan.buckets:
-            if b.compressible:
-                w, d, wb = self.cbuckets[b.index].finish(self.rule.output_scale, self.config.bulk)
-            else:
-                red = ctx.dense_reds.pop(b.index)
-                w = red.wait()
-                t1 = time.perf_counter()
-                red.write_back([m.param.grad for m in b.members])
-                d, wb = 0.0, time.perf_counter() - t1
-            comm_wait, decompress, writeback = comm_wait + w, decompress + d, writeback + wb
-        self.last_launch_times = dict(ctx.launch_t)
+        if run.plan.decision.deferred:
+            agreed = self._resolve_strict()
+        else:
+            work, rows = self._exchange_stats(async_op=True)
+            self._advance_rounds()
+            work.wait()
+            agreed = self._agreed(rows)
+        timings = self._complete(agreed)
+        timings["finish_s"] = time.perf_counter() - t0
+        self.last_launch_times = dict(run.launch_t)
         if not self.plan.frozen:
             self._freeze_plan()
-        st = ctx.stats
-        timings = {"stage_s": st.stage_s, "compress_s": st.compress_s, "decompress_s": decompress,
-                   "comm_wait_s": comm_wait, "writeback_s": writeback, "finish_s": time.perf_counter() - t0}
-        self._publish(ctx, timings)
-        self.ctx = None
+        self._publish(agreed, timings)
+        for codec in self.codecs.values():
+            codec.end_step()
+        self.running = None
 
-    def _resolve_strict(self) -> None:
-        """Strict decision (gravac.md §6): blocking pre-send exchange, resolve, then send in plan order."""
-        ctx = self.ctx
-        rows = self._exchange(ctx, {}, async_op=False)[1]
-        agreed = self._agreed(ctx, rows)
-        self.controller.observe(agreed)
-        final = self.controller.resolve(ctx.decision, agreed)
-        ctx.decision = final
-        actions = self._actions(final, ctx.step)
-        for b in self.plan.buckets:
-            if b.compressible:
-                cb, st = self.cbuckets[b.index], ctx.stats
-                if actions[b.index] == DENSE:
-                    cb.launch_dense(self.rule, self.channels.data, st)
+    def _advance_rounds(self) -> None:
+        """Rounds after the first, in plan order per round (their own channels keep the order on every rank)."""
+        run = self.running
+        for r in range(1, max((ex.rounds for ex in run.exchanges.values()), default=1)):
+            for b in sorted(run.exchanges):
+                ex = run.exchanges[b]
+                if ex.rounds > r:
+                    ex.wait(r - 1)
+                    ex.advance(r, self.channels.data_channels)
+
+    def _complete(self, agreed: Any) -> dict[str, float]:
+        """Wait for every bucket; commit and write back (finite step) or fall back to DeepSpeed's average."""
+        run = self.running
+        if agreed.nonfinite > 0:
+            return self._nonfinite_step(agreed)
+        comm_wait = decompress = writeback = 0.0
+        scale = self.rule.output_scale
+        collect = self.controller.collect if self.controller.collects_gradients(run.plan.step) else None
+        for bucket in self.plan.buckets:
+            b = bucket.index
+            ex = run.exchanges[b]
+            comm_wait += ex.wait(ex.rounds - 1)
+            t1 = time.perf_counter()
+            out = None
+            if bucket.compressible:
+                mem, ctxs = self.memory.bucket(b), self.ctxs[b]
+                if collect is not None:
+                    for m in bucket.members:
+                        collect(m.name, flat_fp32(m.param.grad))
+                if run.plan.actions[b].compressed:
+                    mem.commit_compressed(self.comp, run.layouts[b].payloads, ctxs)
+                    out = mem.scratch
                 else:
-                    cb.launch_compressed(cb.encode(actions[b.index], (), (), st), self.channels.data, st)
-        ctx.actions = actions
+                    mem.commit_dense(self.comp, ctxs)
+            flat = ex.result(out, scale)
+            t2 = time.perf_counter()
+            if bucket.compressible:
+                _write_grads(bucket.members, flat, alias=flat is self.memory.bucket(b).scratch)
+            else:
+                ex.write_back([m.param.grad for m in bucket.members])
+            decompress, writeback = decompress + t2 - t1, writeback + time.perf_counter() - t2
+        return {"comm_wait_s": comm_wait, "decompress_s": decompress, "writeback_s": writeback}
 
-    # ---- stats --------------------------------------------------------------------------------------------
-    def _exchange(self, ctx: StepContext, timings: dict[str, float], async_op: bool
-                  ) -> tuple[Optional[Work], torch.Tensor]:
-        st = ctx.stats
+    def _nonfinite_step(self, agreed: Any) -> dict[str, float]:
+        """Some rank produced a NaN/Inf: nothing commits; every gradient is averaged exactly as DeepSpeed would,
+        so the user's own safeguards see what they would see without ds_gravac (or the configured error)."""
+        run = self.running
+        t1 = time.perf_counter()
+        for ex in run.exchanges.values():                 # issued on every rank: let them finish
+            ex.wait_all()
+        comm_wait = time.perf_counter() - t1
+        if self.config.nonfinite == "raise":
+            raise GravacError(self._nonfinite_message(agreed))
+        logger.warning("ds_gravac: %s; sent dense, ds_gravac state unchanged", self._nonfinite_message(agreed))
+        resend = {}
+        for bucket in self.plan.buckets:
+            if bucket.compressible:      # dense-classified buckets already carried the raw gradients
+                ex = DenseAllReduce(self.rule, self.world_size, f"bucket {bucket.index} (dense, non-finite step)",
+                                    tensors=[m.param.grad for m in bucket.members])
+                ex.launch(self.channels.data_channels)
+                run.stats.bytes_sent += ex.bytes_sent
+                run.stats.values_sent += bucket.numel
+                resend[bucket.index] = ex
+        t2 = time.perf_counter()
+        for bucket in self.plan.buckets:
+            ex = resend.get(bucket.index, run.exchanges[bucket.index])
+            comm_wait += ex.wait(ex.rounds - 1)
+            ex.result(None, 1.0)
+            ex.write_back([m.param.grad for m in bucket.members])
+        return {"comm_wait_s": comm_wait, "decompress_s": 0.0, "writeback_s": time.perf_counter() - t2}
+
+    def _nonfinite_message(self, agreed: Any) -> str:
+        firsts = [int(v) for v in agreed.nonfinite_first]
+        where = ", ".join(f"rank {r}: '{self.members[i].name}'" for r, i in enumerate(firsts) if i >= 0)
+        return (f"ds_gravac: non-finite gradient (NaN/Inf) at step {agreed.step} ({where}; nonfinite is "
+                f"'{self.config.nonfinite}')")
+
+    def _resolve_strict(self) -> Any:
+        """Strict decision: blocking statistics exchange, resolve the branch, then send in plan order."""
+        run = self.running
+        rows = self._exchange_stats(async_op=False)[1]
+        agreed = self._agreed(rows)
+        if agreed.nonfinite > 0:
+            return agreed            # nothing compressible was launched; the non-finite fallback sends raw g
+        self.controller.observe(agreed)
+        run.observed = True
+        final = self.controller.resolve(run.plan.decision, agreed)
+        actions = tuple(self._action(b.index, final, run.plan.step) if b.compressible else DENSE
+                        for b in self.plan.buckets)
+        run.plan = run.plan.with_actions(final, actions)
+        for b in sorted(run.staged):
+            action = actions[b]
+            lay = self.codecs[b].layout(action.levels) if action.compressed else None
+            if action.compressed and lay is not None and action.levels not in self._strict_candidates(b):
+                lay, es = self.codecs[b].encode(run.staged[b], action.levels, (), ())
+                run.stats.compress_s += es.compress_s
+            self._send_compressible(b, action, run.staged[b], lay)
+        return agreed
+
+    # ---- statistics ---------------------------------------------------------------------------------------
+    def _exchange_stats(self, async_op: bool) -> tuple[Work, torch.Tensor]:
+        st = self.running.stats
         vals = {"den": st.den, "den_raw": st.den_raw, "values_sent": st.values_sent, "bytes_sent": st.bytes_sent,
-                "nonfinite": st.nonfinite, "t_iter_prev": self._t_iter_last, "t_gain_prev": self._t_gain_last,
-                **timings}
+                "nonfinite": st.nonfinite, "nonfinite_first": st.nonfinite_first, "lr": _current_lr(self.engine),
+                "t_iter_prev": self._t_iter_last, "t_gain_prev": self._t_gain_last, **self._timings_prev}
         vec = statvec.pack(vals, st.nums)
         rows = torch.zeros(self.world_size * statvec.LENGTH, dtype=torch.float64)
-        from .collectives import all_gather_async
-        work = all_gather_async(rows, vec, self.channels.control)
+        work = all_gather_async(rows, vec, self.channels.control, "all_gather of the step statistics")
         if not async_op:
             work.wait()
-            return None, rows
         return work, rows
 
-    def _agreed(self, ctx: StepContext, rows: torch.Tensor) -> Any:
+    def _agreed(self, rows: torch.Tensor) -> Any:
         from ..adapt.base import AgreedStats   # data class only; decisions stay in the controller
-        red = statvec.reduce_rows(rows.view(self.world_size, statvec.LENGTH), len(ctx.probes))
+        run = self.running
+        red = statvec.reduce_rows(rows.view(self.world_size, statvec.LENGTH), len(run.plan.probes))
         s, n = red.sums, self.world_size
-        self._last_maxima = red.maxima
-        return AgreedStats(step=ctx.step, decision=ctx.decision, den=s["den"], den_raw=s["den_raw"],
-                           nums=red.nums, t_iter_prev=s["t_iter_prev"] / n, t_gain_prev=s["t_gain_prev"] / n,
-                           values_sent=s["values_sent"], bytes_sent=s["bytes_sent"], nonfinite=s["nonfinite"],
-                           world_size=n)
+        self._update_previous_record(red.maxima)
+        lr = red.per_rank["lr"][0]
+        agreed = AgreedStats(step=run.plan.step, decision=run.plan.decision, den=s["den"], den_raw=s["den_raw"],
+                             nums=red.nums, t_iter_prev=s["t_iter_prev"] / n, t_gain_prev=s["t_gain_prev"] / n,
+                             values_sent=s["values_sent"], bytes_sent=s["bytes_sent"], nonfinite=s["nonfinite"],
+                             world_size=n, lr=lr, nonfinite_first=tuple(red.per_rank["nonfinite_first"]))
+        if agreed.nonfinite == 0 and math.isfinite(lr):
+            self._agreed_lr = lr
+        return agreed
 
-    def _collect_stats(self) -> None:
-        """Wait for the previous step's exchange and feed it to the controller (pipelined mode)."""
-        if self._pending_stats is None:
-            return
-        work, rows, ctx = self._pending_stats
-        self._pending_stats = None
-        work.wait()
-        agreed = self._agreed(ctx, rows)
-        if not ctx.decision.deferred:
+    def _update_previous_record(self, maxima: dict[str, float]) -> None:
+        """The vector carries the previous step's phase timings: their cross-rank maxima go into its record."""
+        if self._records and self._records[-1]["step"] == self._prev_step:
+            self._records[-1].update({f"{k}_max": v for k, v in maxima.items()})
+
+    def _publish(self, agreed: Any, timings: dict[str, float]) -> None:
+        run, st = self.running, self.running.stats
+        nonfinite = agreed.nonfinite > 0
+        if not nonfinite and not run.observed:
             self.controller.observe(agreed)
-        rec = next((r for r in reversed(self._records) if r["step"] == ctx.step), None)
-        if rec is not None:
-            rec.update({f"{k}_max": v for k, v in self._last_maxima.items()})
-            if ctx.probes and agreed.den > 0:
-                rec.update({f"gain_raw@{p:g}": num / agreed.den for p, num in zip(ctx.probes, agreed.nums)})
-
-    def _publish(self, ctx: StepContext, timings: dict[str, float]) -> None:
-        st = ctx.stats
         self._t_gain_last = st.probe_s
-        if not ctx.decision.deferred:
-            work, rows = self._exchange(ctx, timings, async_op=True)
-            self._pending_stats = (work, rows, ctx)
-        d = self.numel_total
-        compressed_numel = sum(self.cbuckets[b].bucket.numel for b, a in enumerate(ctx.actions)
-                               if isinstance(a, tuple))
-        dense_values = sum(self.plan.buckets[b].numel for b, a in enumerate(ctx.actions) if not isinstance(a, tuple))
-        payload = sum(4 * self.cbuckets[b].layout(a).words for b, a in enumerate(ctx.actions) if isinstance(a, tuple))
-        payload += dense_values * self.rule.comm_bytes_per_element
+        self._timings_prev = {"stage_s": st.stage_s, "compress_s": st.compress_s, **timings}
+        self._prev_step = run.plan.step
+        actions = run.plan.actions if not nonfinite else tuple(DENSE for _ in run.plan.actions)
+        compressed = [b for b, a in enumerate(actions) if a.compressed]
+        compressed_numel = sum(self.plan.buckets[b].numel for b in compressed)
+        dense_values = self.numel_total - compressed_numel
+        payload = sum(4 * run.layouts[b].words for b in compressed) + dense_values * self.rule.comm_bytes_per_element
+        decision = run.plan.decision
         rec = statvec.step_record(
-            step=ctx.step, mode=self.config.mode, branch=ctx.decision.branch,
-            cf_sent=ctx.decision.send_level, numel_total=d, values_sent=st.values_sent,
-            bytes_sent=st.bytes_sent, dense_bytes=ring_allreduce_bytes(4 * d, self.world_size),
-            payload_bytes=payload, compressed_numel=compressed_numel,
-            compressed_values=st.values_sent - dense_values, nonfinite=st.nonfinite,
-            t_iter_prev=self._t_iter_last, probe_s=st.probe_s, **timings, **self.controller.telemetry())
+            step=run.plan.step, mode=self.config.mode, branch="dense" if nonfinite else str(decision.branch),
+            cf_sent=1.0 if nonfinite else decision.send_level, numel_total=self.numel_total,
+            values_sent=st.values_sent, bytes_sent=st.bytes_sent,
+            dense_bytes=ring_allreduce_bytes(4 * self.numel_total, self.world_size), payload_bytes=payload,
+            compressed_numel=compressed_numel, compressed_values=st.values_sent - dense_values,
+            nonfinite=int(agreed.nonfinite), t_iter_prev=self._t_iter_last, probe_s=st.probe_s,
+            stage_s=st.stage_s, compress_s=st.compress_s, **timings, **self.controller.telemetry())
+        if run.plan.probes and agreed.den > 0 and not nonfinite:
+            rec.update({f"gain_raw@{p:g}": num / agreed.den for p, num in zip(run.plan.probes, agreed.nums)})
         self.last_record = rec
         self._records.append(rec)
         if self.on_record is not None:
             self.on_record(rec)
 
     def pop_records(self) -> list[dict[str, Any]]:
-        recs, self._records = self._records, []
+        recs = list(self._records)
+        self._records.clear()
         return recs
 
+    def _check_shared_selection(self) -> None:
+        """At the first compressed step: fail fast if ranks drew different shared indices (a seed/RNG mismatch)."""
+        digests, self._check_selection = self._selection_digests, False
+        check_agreement(stable_hash(repr(digests)), self.channels.control,
+                        "ranks selected different Random-k indices at the first compressed step (the shared "
+                        "random stream differs: check that every rank uses the same seed and library versions)")
+
+    # ---- timing -------------------------------------------------------------------------------------------
     def _on_optimizer_step(self, *_: Any) -> None:
         now = time.perf_counter()
         if self._opt_end_t is not None:
             self._t_iter_last = now - self._opt_end_t
         self._opt_end_t = now
 
-    # ---- lifecycle ----------------------------------------------------------------------------------------
-    def drain(self) -> None:
-        """Wait for the pending ch0 exchange (checkpoint, detach, exit) and apply it."""
-        self._collect_stats()
+    def _reset_timing(self) -> None:
+        """Forget every measurement of earlier steps (attach, and a checkpoint load in the middle of a run)."""
+        self._opt_end_t: Optional[float] = None
+        self._t_iter_last = 0.0
+        self._t_gain_last = 0.0
+        self._timings_prev: dict[str, float] = {}
+        self._prev_step = -1
 
-    def reset_memory(self) -> None:
-        for cb in self.cbuckets.values():
-            cb.reset_memory()
+    # ---- state and lifecycle ------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Per-rank synchronizer state: the frozen bucket order and the error-feedback memory."""
+        return {"bucket_order": list(self.plan.order) if self.plan.frozen else None,
+                "layout_signature": self.plan.layout_signature(), "memory": self.memory.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any], memory: bool = True) -> None:
+        order = state.get("bucket_order")
+        if order is not None and (not self.plan.frozen or list(self.plan.order) != list(order)):
+            self.rebuild(order)
+        if memory and state.get("memory") is not None:
+            self.memory.load_state_dict(state["memory"])
+        else:
+            self.memory.reset()
+        self._reset_timing()
+
+    def drain(self) -> None:
+        """Nothing is in flight between steps (each step's statistics are waited for at its end)."""
+
+    def reset_memory(self, names: Optional[set[str]] = None) -> None:
+        self.memory.reset(names)
 
     def close(self) -> None:
-        self.drain()
         self.hooks.remove()
         if self._opt_hook is not None:
             self._opt_hook.remove()
+
+
+def _write_grads(members: list[Member], flat: torch.Tensor, alias: bool) -> None:
+    """``p.grad`` of every member from the bucket's flat result: fp32 contiguous gradients become views of it
+    (no copy pass); others are copied (cast to the gradient dtype, any layout)."""
+    for m in members:
+        seg = flat[m.offset:m.offset + m.numel].view(m.param.shape)
+        if alias and m.param.dtype == torch.float32 and m.param.is_contiguous():
+            m.param.grad = seg
+        else:
+            m.param.grad.copy_(seg)
 
 
 def _param_groups(engine: Any) -> dict[int, dict[str, Any]]:
@@ -380,4 +571,4 @@ def _current_lr(engine: Any) -> float:
     try:
         return float(engine.get_lr()[0])
     except Exception:   # no optimizer (inference-only engines): LR never drives a decision then
-        return 0.0
+        return math.nan

@@ -1,22 +1,56 @@
-"""The fixed-length per-step stats vector exchanged on ch0, and the per-step record users see.
+"""The per-step statistics: what each rank accumulates, the fixed-length vector the ranks exchange every step,
+and the record users see.
 
-One layout for every mode and step, so the control collective is identical every step (gravac.md §4.3 step 5).
+One vector layout for every mode and step, so the control collective is identical every step. Sums (pooled
+gains, bytes, the non-finite count) are added in rank order in Python float64, so every rank holds bit-identical
+values to decide from; a few fields are read per rank (rank 0's learning rate, each rank's first non-finite
+tensor); the phase timings travel one step late (the vector is exchanged before the step's last phases end) and
+serve telemetry only.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-MAX_PROBES = 11   # θ_min, θ_c and up to 9 refresh CFs (gravac.md §4.3 step 5)
+MAX_PROBES = 11   # θ_min, θ_c and up to 9 refresh CFs
 
 SUM_FIELDS = ("den", "den_raw") + tuple(f"num{j}" for j in range(MAX_PROBES)) + (
     "values_sent", "bytes_sent", "nonfinite", "t_iter_prev", "t_gain_prev")
+RANK_FIELDS = ("nonfinite_first", "lr")
 TIME_FIELDS = ("stage_s", "compress_s", "decompress_s", "comm_wait_s", "writeback_s", "finish_s")
-FIELDS = SUM_FIELDS + TIME_FIELDS
+FIELDS = SUM_FIELDS + RANK_FIELDS + TIME_FIELDS
 INDEX = {name: i for i, name in enumerate(FIELDS)}
 LENGTH = len(FIELDS)
+
+
+@dataclass
+class StepStats:
+    """One rank's accumulators for the running step."""
+
+    den: float = 0.0                 # Σ ‖x‖² (compensated inputs; dense-classified tensors: ‖g‖²)
+    den_raw: float = 0.0             # Σ ‖g‖²
+    nums: list[float] = field(default_factory=list)     # Σ ‖C_θ(x)‖² per probe slot
+    values_sent: int = 0
+    bytes_sent: float = 0.0
+    nonfinite: int = 0               # tensors with a NaN/Inf in their compressor input (or gradient)
+    nonfinite_first: int = -1        # lowest member index (registration order) among them
+    compress_s: float = 0.0
+    probe_s: float = 0.0
+    stage_s: float = 0.0
+
+    def add_nums(self, nums: list[float]) -> None:
+        if len(self.nums) < len(nums):
+            self.nums.extend([0.0] * (len(nums) - len(self.nums)))
+        for j, v in enumerate(nums):
+            self.nums[j] += v
+
+    def mark_nonfinite(self, member_index: int) -> None:
+        self.nonfinite += 1
+        if self.nonfinite_first < 0 or member_index < self.nonfinite_first:
+            self.nonfinite_first = member_index
 
 
 def pack(values: dict[str, float], nums: list[float]) -> torch.Tensor:
@@ -30,29 +64,35 @@ def pack(values: dict[str, float], nums: list[float]) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Reduced:
-    """Rank-order sums (agreed) and maxima (telemetry) of one step's gathered vectors."""
+    """Rank-order sums (agreed), per-rank columns and maxima (telemetry) of one step's gathered vectors."""
 
     sums: dict[str, float]
     maxima: dict[str, float]
     nums: tuple[float, ...]
+    per_rank: dict[str, list[float]]
 
 
 def reduce_rows(rows: torch.Tensor, num_probes: int) -> Reduced:
-    """Sum rows in rank order in Python float64: identical on every rank (I3 for control values)."""
+    """Sum rows in rank order in Python float64: identical on every rank."""
     data = rows.tolist()
-    sums = {name: 0.0 for name in FIELDS}
+    sums = {name: 0.0 for name in SUM_FIELDS}
     maxima = {name: float("-inf") for name in TIME_FIELDS + ("t_iter_prev",)}
     for row in data:
-        for name, i in INDEX.items():
-            sums[name] += row[i]
+        for name in SUM_FIELDS:
+            sums[name] += row[INDEX[name]]
         for name in maxima:
             maxima[name] = max(maxima[name], row[INDEX[name]])
+    per_rank = {name: [row[INDEX[name]] for row in data] for name in RANK_FIELDS}
     nums = tuple(sums[f"num{j}"] for j in range(num_probes))
-    return Reduced(sums=sums, maxima=maxima, nums=nums)
+    return Reduced(sums=sums, maxima=maxima, nums=nums, per_rank=per_rank)
+
+
+def finite(value: float) -> bool:
+    return math.isfinite(value)
 
 
 def step_record(**fields: Any) -> dict[str, Any]:
-    """The user-facing record of one optimizer step (architecture.md §7 names plus spec metric names)."""
+    """The user-facing record of one optimizer step (short names plus the ``comm/*``, ``time/*`` metric names)."""
     rec = dict(fields)
     d = rec.get("numel_total", 0) or 0
     rec["cf"] = d / rec["values_sent"] if rec.get("values_sent") else 1.0

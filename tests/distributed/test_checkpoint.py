@@ -21,6 +21,12 @@ def _engine(gravac: dict, world: int) -> object:
     return engine
 
 
+def _residual_norm(handle: object) -> float:
+    """Norm of this rank's error-feedback residuals, read through the handle's public state."""
+    slots = handle.state_dict()["local"]["memory"]["slots"]
+    return sum(float(t.double().norm()) for t in slots["residual"].values())
+
+
 def _resume_job(rank: int, world: int, save_dir: str) -> dict:
     import ds_gravac
     straight = _engine(GRAVAC, world)
@@ -28,7 +34,7 @@ def _resume_job(rank: int, world: int, save_dir: str) -> dict:
     first = _engine(GRAVAC, world)
     M.train(first, rank, 3)
     handle = ds_gravac.get_handle(first)
-    residual_norm = sum(float(cb.residual.norm()) for cb in handle.sync.cbuckets.values())
+    residual_norm = _residual_norm(handle)
     handle.save_checkpoint(save_dir, tag="k3")
     resumed = _engine(GRAVAC, world)
     path, _ = ds_gravac.get_handle(resumed).load_checkpoint(save_dir, tag="k3")
@@ -49,7 +55,7 @@ def _world_change_job(rank: int, world: int, save_dir: str) -> dict:
     engine = _engine(GRAVAC, world)
     handle = ds_gravac.get_handle(engine)
     handle.load_checkpoint(save_dir, tag="k3")
-    residual_norm = sum(float(cb.residual.norm()) for cb in handle.sync.cbuckets.values())
+    residual_norm = _residual_norm(handle)
     M.train(engine, rank, 1, start=3)
     return {"warnings": records, "residual_norm": residual_norm, "params": M.params_of(engine)}
 

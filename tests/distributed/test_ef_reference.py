@@ -30,10 +30,10 @@ def _job(rank: int, world: int, width: int, cf: float, dense_steps: frozenset[in
     M.train(engine, rank, STEPS)
     branches = [r["branch"] for r in handle.pop_stats()]
     params = M.params_of(engine)
-    # one more backward (no step): the decoded gradients are p.grad itself, views of the buckets' outputs
+    # one more backward (no step): the decoded gradients are p.grad itself, views of the buckets' decode buffers
     x, y = M.batch(rank, STEPS)
     engine.backward(torch.nn.functional.cross_entropy(engine(x), y))
-    outs = {cb.out.untyped_storage().data_ptr() for cb in handle.sync.cbuckets.values()}
+    outs = {bm.scratch.untyped_storage().data_ptr() for bm in handle.sync.memory.buckets.values()}
     aliased = sorted(n for n, p in engine.module.named_parameters()
                      if p.grad is not None and p.grad.untyped_storage().data_ptr() in outs)
     return {"params": params, "branches": branches, "aliased": aliased}

@@ -107,7 +107,7 @@ def test_classes_failing_the_contract_are_rejected(clean_registry: dict) -> None
 
 def test_lookup_plugins_by_module_path() -> None:
     assert lookup(f"{__name__}:Sketch") is Sketch
-    assert lookup("ds_gravac.compress.sparse:TopK") is lookup("topk")
+    assert lookup("ds_gravac.compress.topk:TopK") is lookup("topk")
     with pytest.raises(GravacConfigError, match="cannot import"):
         lookup("no_such_module_xyz:Thing")
     with pytest.raises(GravacConfigError, match="cannot import"):

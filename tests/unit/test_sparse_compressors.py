@@ -11,7 +11,9 @@ import torch
 from ds_gravac.compress import sparse_select as sel
 from ds_gravac.compress.base import CompressCtx, Kind, Payload, k_for
 from ds_gravac.compress.registry import lookup
-from ds_gravac.compress.sparse_random import random_order
+from ds_gravac.compress.randomk import random_order
+from ds_gravac.sync.buckets import Bucket, Member
+from ds_gravac.sync.memory import BucketMemory
 from ds_gravac.errors import GravacConfigError
 
 SPARSE = ["topk", "dgc", "redsync", "sidco", "threshold", "graddrop"]
@@ -48,10 +50,37 @@ def alloc(comp, numel: int, level: float) -> Payload:
     return Payload.allocate(plan, torch.float32 if comp.kind == Kind.SUMMABLE else torch.int32)
 
 
+def tensor_memory(comp, n: int, key: str = "layer.weight", dtype: torch.dtype = torch.float32):
+    """The synchronizer's memory for one tensor (production code); its parameter carries the gradient."""
+    param = torch.nn.Parameter(torch.zeros(n, dtype=dtype))
+    bucket = Bucket(index=0, compressible=True, dtype=dtype)
+    bucket.add(Member(index=0, name=key, param=param, compressible=True))
+    return BucketMemory(bucket, comp.memory_slots, comp.input_slot, dtype=dtype), param
+
+
+_MEMORIES: dict = {}
+
+
+def memory_of(comp, n: int, key: str, dtype: torch.dtype):
+    k = (id(comp), key)
+    if k not in _MEMORIES:
+        _MEMORIES[k] = (comp, *tensor_memory(comp, n, key, dtype))   # comp kept alive: ids stay unique
+    return _MEMORIES[k][1:]
+
+
 def encode(comp, x: torch.Tensor, level: float, ctx: CompressCtx, update_state: bool = False):
+    """One step of a tensor as the synchronizer runs it: compressors with their own memory stage through the
+    memory object, encode, and (``update_state``) commit the sent payload."""
     p = alloc(comp, x.numel(), level)
     if comp.owns_state:
-        x = comp.compensate(x, ctx)
+        mem, param = memory_of(comp, x.numel(), ctx.key, x.dtype)
+        param.grad = x.detach().clone()
+        xs = mem.stage(comp, [ctx], True)
+        m = comp.compress(xs[0], p.plan, p, ctx, False)
+        if update_state:
+            comp.commit(xs[0], p, ctx)
+            mem.commit_compressed(comp, [p], [ctx])
+        return p, int(m)
     m = comp.compress(x, p.plan, p, ctx, update_state)
     return p, int(m)
 
@@ -315,17 +344,20 @@ def test_dgc_commit_masks_exactly_the_real_selected_indices() -> None:
     comp = make("dgc")
     ctx = ctx_for()
     g = laplace(20000, seed=1)
-    v = comp.compensate(g, ctx)
-    u_before, v_before = comp._u[ctx.key].clone(), v.clone()
+    mem, param = tensor_memory(comp, g.numel())
+    param.grad = g.clone()
+    v = mem.stage(comp, [ctx], True)[0]
+    u_before, v_before = g.clone(), v.clone()                # u after this step's update (it was 0): g
     p = alloc(comp, g.numel(), 100)
     comp.compress(v.clone(), p.plan, p, ctx, update_state=False)
-    assert torch.equal(comp._v[ctx.key], v_before)          # update_state=False: no masking yet
+    assert torch.equal(v, v_before) and not mem.slots["v"].any()   # update_state=False: nothing changed yet
     comp.commit(v, p, ctx)
+    mem.commit_compressed(comp, [p], [ctx])
     m = sel.real_count(p["idx"], p["val"])
     idx = p["idx"][:m].long()
     mask = torch.zeros_like(g, dtype=torch.bool)
     mask[idx] = True
-    u, vv = comp._u[ctx.key], comp._v[ctx.key]
+    u, vv = mem.slots["u"], mem.slots["v"]
     assert (u[mask] == 0).all() and (vv[mask] == 0).all()
     assert torch.equal(u[~mask], u_before[~mask]) and torch.equal(vv[~mask], v_before[~mask])
 
@@ -333,13 +365,16 @@ def test_dgc_commit_masks_exactly_the_real_selected_indices() -> None:
 def test_dgc_padding_never_masks_index_zero() -> None:
     comp = make("dgc")
     ctx = ctx_for()
-    v = comp.compensate(torch.arange(1.0, 101.0), ctx)
+    mem, param = tensor_memory(comp, 100)
+    param.grad = torch.arange(1.0, 101.0)
+    v = mem.stage(comp, [ctx], True)[0]
     p = alloc(comp, 100, 25)                                   # k = 4
     p["idx"].copy_(torch.tensor([5, 9, 0, 0], dtype=torch.int32))
     p["val"].copy_(torch.tensor([6.0, 10.0, 0.0, 0.0]))
     comp.commit(v, p, ctx)
-    assert comp._v[ctx.key][0] == 1.0 and comp._u[ctx.key][0] == 1.0
-    assert comp._v[ctx.key][5] == 0 and comp._v[ctx.key][9] == 0
+    mem.commit_compressed(comp, [p], [ctx])
+    assert mem.slots["v"][0] == 1.0 and mem.slots["u"][0] == 1.0
+    assert mem.slots["v"][5] == 0 and mem.slots["v"][9] == 0
 
 
 def test_dgc_threshold_adaptation_ends_in_band_or_after_max_iters() -> None:
@@ -356,7 +391,9 @@ def test_dgc_full_sample_equals_topk_of_v() -> None:
     comp = make("dgc", sample_ratio=1.0)
     ctx = ctx_for()
     x = distinct(40000, seed=2)
-    v = comp.compensate(x, ctx)
+    mem, param = tensor_memory(comp, x.numel())
+    param.grad = x
+    v = mem.stage(comp, [ctx], True)[0]
     p = alloc(comp, x.numel(), 100)
     comp.compress(v, p.plan, p, ctx, update_state=False)
     ref = sel.topk_sort(v.abs(), p.plan.k)
@@ -391,13 +428,12 @@ def test_dgc_conservation_with_velocity_memory() -> None:
         for r, comp in enumerate(comps):
             ctx = ctx_for(step=t, rank=r)
             g = laplace(n, seed=7 * t + r, dtype=torch.float64)
-            v = comp.compensate(g, ctx)
-            inputs += comp._u[ctx.key] / ranks
+            memory, _ = memory_of(comp, n, ctx.key, torch.float64)
+            inputs += (0.9 * memory.slots["u"] + g) / ranks      # u after the momentum update, before masking
             level = 1 if t == 5 else 100
-            p = alloc(comp, n, level)
-            comp.compress(v, p.plan, p, ctx, update_state=True)
+            p, _ = encode(comp, g, level, ctx, update_state=True)
             comp.decompress(p, sent, accumulate=True, scale=1.0 / ranks, ctx=ctx)
-    mem = sum(c._v["layer.weight"] for c in comps) / ranks
+    mem = sum(memory_of(c, n, "layer.weight", torch.float64)[0].slots["v"] for c in comps) / ranks
     assert torch.allclose(sent + mem, inputs, rtol=1e-6, atol=1e-6 * float(inputs.abs().max()))
 
 
@@ -416,29 +452,46 @@ def test_dgc_check_engine_and_warmup() -> None:
     assert comp.effective_cf(10, 5) == 10
 
 
-def test_dgc_state_dict_round_trip_and_world_size_change() -> None:
-    def run(comp, steps):
+def test_dgc_state_dict_round_trip_and_reset() -> None:
+    """DGC's u and v live in the synchronizer's memory object: its state dict round-trips them exactly (the
+    world-size rule is the checkpoint loader's, tested with real ranks in tests/distributed/test_checkpoint.py)."""
+    from ds_gravac.sync.memory import ErrorFeedbackMemory
+
+    def new():
+        comp = make("dgc")
+        memory = ErrorFeedbackMemory(comp, error_feedback=True)
+        memory.build([_single_bucket(20000)])
+        return comp, memory
+
+    def run(comp, memory, steps):
         out = []
+        bucket = memory.bucket(0)
         for t in steps:
             ctx = ctx_for(step=t)
-            p, _ = encode(comp, laplace(20000, seed=t), 100, ctx, update_state=True)
+            bucket.members[0].param.grad = laplace(20000, seed=t)
+            x = bucket.stage(comp, [ctx], True)[0]
+            p = alloc(comp, 20000, 100)
+            comp.compress(x, p.plan, p, ctx, update_state=True)
+            bucket.commit_compressed(comp, [p], [ctx])
             out.append(p.words.clone())
         return out
 
-    straight = run(make("dgc"), range(6))
-    first = make("dgc")
-    run(first, range(3))
-    state = first.state_dict()
-    assert set(state) == {"replicated", "local"} and set(state["local"]["layer.weight"]) == {"u", "v"}
-    resumed = make("dgc")
-    resumed.load_state_dict(state)
-    assert all(torch.equal(a, b) for a, b in zip(run(resumed, range(3, 6)), straight[3:]))
-    dropped = make("dgc")
-    with pytest.warns(UserWarning, match="world size"):
-        dropped.load_state_dict(state, world_size_changed=True)
-    assert dropped.state_dict()["local"] == {}
-    resumed.reset(ctx_for())
-    assert resumed._v["layer.weight"].abs().sum() == 0 and resumed._u["layer.weight"].abs().sum() == 0
+    straight = run(*new(), range(6))
+    first = new()
+    run(*first, range(3))
+    state = first[1].state_dict()
+    assert set(state["slots"]) == {"u", "v"} and set(state["slots"]["u"]) == {"layer.weight"}
+    resumed = new()
+    resumed[1].load_state_dict(state)
+    assert all(torch.equal(a, b) for a, b in zip(run(*resumed, range(3, 6)), straight[3:]))
+    resumed[1].reset()
+    assert not resumed[1].nonzero()
+
+
+def _single_bucket(n: int) -> Bucket:
+    bucket = Bucket(index=0, compressible=True, dtype=torch.float32)
+    bucket.add(Member(index=0, name="layer.weight", param=torch.nn.Parameter(torch.zeros(n)), compressible=True))
+    return bucket
 
 
 # ---- §3.5 RedSync, §3.6 SIDCo, §3.7 threshold/GradDrop ----------------------------------------------------
@@ -499,7 +552,8 @@ def test_approx_multilevel_subset_of_stage_one(name: str) -> None:
     x = laplace(200000, seed=21)
     ctx = ctx_for()
     p1, _ = encode(comp, x, 10, ctx)
-    state = comp.state_dict()
+    state = {k: v.clone() for k, v in memory_of(comp, x.numel(), ctx.key, x.dtype)[0].slots.items()} \
+        if comp.owns_state else {}
     s1 = set(selected(comp, p1, ctx).tolist())
     for level in (100, 1000):
         p2 = alloc(comp, x.numel(), level)
@@ -512,9 +566,9 @@ def test_approx_multilevel_subset_of_stage_one(name: str) -> None:
             sd = set(selected(comp, direct, ctx).tolist())
             overlap = len(set(s2.tolist()) & sd) / max(1, min(s2.numel(), len(sd)))
             assert overlap >= 0.5
-    if comp.owns_state:
-        after = comp.state_dict()["local"]["layer.weight"]
-        assert all(torch.equal(after[k], state["local"]["layer.weight"][k]) for k in ("u", "v"))
+    if comp.owns_state:     # multi-level stages never touch the memory
+        after = memory_of(comp, x.numel(), ctx.key, x.dtype)[0].slots
+        assert all(torch.equal(after[k], state[k]) for k in ("u", "v"))
 
 
 # ---- §8.3 determinism, §8.5 edge inputs, §8.6 state -------------------------------------------------------

@@ -1,5 +1,5 @@
 """``none``: the dense reference. The synchronizer routes every tensor of a ``none`` run through the
-DeepSpeed-exact dense all-reduce (compressors.md §2), so this class only declares the contract."""
+DeepSpeed-exact dense all-reduce, so this class only declares the contract."""
 from __future__ import annotations
 
 from typing import Optional, Sequence
@@ -7,13 +7,12 @@ from typing import Optional, Sequence
 import torch
 
 from .base import CompressCtx, Compressor, Kind, Payload, Section, TensorPlan
-from .registry import register_compressor
 
 
-@register_compressor("none")
 class NoCompression(Compressor):
     """θ = 1; bit-identical to DeepSpeed's data-parallel averaging because it is sent on the dense path."""
 
+    name = "none"
     kind = Kind.SUMMABLE
     gain_kind = "projection"
 

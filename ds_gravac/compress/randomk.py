@@ -1,4 +1,4 @@
-"""``randomk``: shared uniformly random coordinates, values only, summable (compressors.md §3.3).
+"""``randomk``: shared uniformly random coordinates, values only, summable.
 
 The index set comes from a *shared* stream (no rank), so every rank picks the same coordinates and the
 values can be all-reduced. Indices are never sent: they are regenerated from ``(seed, step, key, k)``.
@@ -26,7 +26,6 @@ except ImportError:  # pragma: no cover - numpy ships with deepspeed
 from . import sparse_select as sel
 from .base import CompressCtx, Compressor, CompressorParams, Kind, Payload, Section, TensorPlan, generator, \
     k_for, stable_hash
-from .registry import register_compressor
 
 Tensor = torch.Tensor
 STREAM_RANDOMK = 0x726E_646B          # shared: i.i.d. draws
@@ -91,10 +90,10 @@ class RandomKParams(CompressorParams):
     rescale: bool = False
 
 
-@register_compressor("randomk")
 class RandomK(Compressor):
     """Values of a shared random k-subset; ``rescale`` multiplies by n/k (unbiased, meant for EF off)."""
 
+    name = "randomk"
     Params = RandomKParams
     kind = Kind.SUMMABLE
     multilevel = "distribution"

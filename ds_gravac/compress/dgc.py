@@ -1,12 +1,12 @@
-"""``dgc``: Deep Gradient Compression with momentum correction and factor masking (compressors.md §3.4).
+"""``dgc``: Deep Gradient Compression with momentum correction and factor masking.
 
-DGC owns its memory (per-rank ``u`` momentum and ``v`` velocity, fp32) and absorbs the optimizer's momentum
-and weight decay, so the synchronizer runs the optimizer as plain SGD and never applies external EF here.
+DGC keeps its own memory (per-rank ``u`` momentum and ``v`` velocity, fp32, held in the synchronizer's memory
+slots) and absorbs the optimizer's momentum and weight decay, so the synchronizer runs the optimizer as plain SGD
+and never applies the generic error-feedback residual here.
 """
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Any, Optional
 
 import torch
@@ -15,7 +15,6 @@ from pydantic import Field
 from ..errors import GravacConfigError
 from . import sparse_select as sel
 from .base import CompressCtx, Payload, TensorPlan
-from .registry import register_compressor
 from .sparse import SparseCompressor, SparseParams, trim
 
 Tensor = torch.Tensor
@@ -34,7 +33,7 @@ class DGCParams(SparseParams):
     clip_norm: float = Field(0.0, ge=0.0)
     warmup_steps: int = Field(0, ge=0)
     warmup_stages: int = Field(4, ge=1)
-    # false (compressors.md rule 1): a dense step clears u and v. true: a dense step counts as a θ = 1 step — v is
+    # false (default): a dense step clears u and v. true: a dense step counts as a θ = 1 step — v is
     # cleared, u only under momentum_masking — so without masking, dense steps (GraVAC's fallback, warm-up) keep
     # heavy-ball momentum instead of restarting it every step.
     dense_keeps_momentum: bool = False
@@ -51,18 +50,18 @@ def _optimizer_chain(engine: Any) -> list[Any]:
     return chain
 
 
-@register_compressor("dgc")
 class DGC(SparseCompressor):
     """Momentum-corrected sparsification with a sampled, adapted threshold and fixed capacity."""
 
+    name = "dgc"
     Params = DGCParams
     owns_state = True
-    owns_optimizer = True   # momentum and weight decay move into the compressor (synchronization.md §3)
+    owns_optimizer = True   # momentum and weight decay move into the compressor (the optimizer runs plain SGD)
+    memory_slots = ("u", "v")
+    input_slot = "v"
 
     def __init__(self, params: Optional[DGCParams] = None) -> None:
         super().__init__(params)
-        self._u: dict[str, Tensor] = {}
-        self._v: dict[str, Tensor] = {}
         self.last_adapt_iters: dict[str, int] = {}
 
     # ---- attach-time checks and schedule -----------------------------------------------------------
@@ -90,78 +89,55 @@ class DGC(SparseCompressor):
             return min(theta, float(4 ** (stage + 1)))
         return theta
 
-    # ---- memory ------------------------------------------------------------------------------------
-    def _state(self, g: Tensor, key: str) -> tuple[Tensor, Tensor]:
-        u = self._u.get(key)
-        if u is None or u.numel() != g.numel() or u.device != g.device:
-            dtype = g.dtype if g.dtype in (torch.float32, torch.float64) else torch.float32
-            u = self._u[key] = torch.zeros(g.numel(), dtype=dtype, device=g.device)
-            self._v[key] = torch.zeros_like(u)
-        return u, self._v[key]
-
-    def compensate(self, g: Tensor, ctx: CompressCtx) -> Tensor:
-        """Weight decay and clipping on g, then ``u ← m·u + g; v ← v + u``; returns v."""
+    # ---- memory: u (momentum) and v (velocity) live in the synchronizer's memory slots ------------------
+    def _momentum_input(self, g: Tensor, ctx: CompressCtx) -> tuple[Tensor, float]:
+        """The gradient that enters the momentum (clipped, with weight decay folded in when clipping)."""
         p = self.params
-        g = g.reshape(-1)
-        u, v = self._state(g, ctx.key)
         wd = ctx.weight_decay if p.local_weight_decay and ctx.param is not None else 0.0
         if p.clip_norm > 0:
-            g = g.to(u.dtype) if wd == 0 else g.to(u.dtype).add(ctx.param.detach().reshape(-1), alpha=wd)
+            g = g if wd == 0 else g.add(ctx.param.detach().reshape(-1).to(g.dtype), alpha=wd)
             wd = 0.0
             norm = float(g.norm())
             limit = p.clip_norm / math.sqrt(max(1, ctx.world_size))
             if norm > limit:
                 g = g * (limit / norm)
-        u.mul_(p.momentum).add_(g)
-        if wd:
-            u.add_(ctx.param.detach().reshape(-1), alpha=wd)
-        return v.add_(u)
+        return g, wd
 
-    def _mask(self, key: str, idx: Tensor) -> None:
-        v = self._v.get(key)
-        if v is None or idx.numel() == 0:
-            return
-        v.index_fill_(0, idx, 0.0)
-        if self.params.momentum_masking:
-            self._u[key].index_fill_(0, idx, 0.0)
+    def _new_momentum(self, g: Tensor, ctx: CompressCtx, out: Tensor) -> None:
+        """``out ← m·u + g (+ wd·w)``: the same ops when staging (into the scratch) and committing (into u), so
+        the committed momentum is bitwise the one the sent velocity was built from."""
+        g, wd = self._momentum_input(g.reshape(-1), ctx)
+        torch.mul(ctx.memory["u"], self.params.momentum, out=out)
+        out.add_(g)
+        if wd:
+            out.add_(ctx.param.detach().reshape(-1).to(out.dtype), alpha=wd)
+
+    def compensate(self, g: Tensor, out: Tensor, ctx: CompressCtx) -> None:
+        """Velocity ``v + (m·u + g)`` into ``out``; u and v stay as they are until the step is committed."""
+        self._new_momentum(g, ctx, out)
+        out.add_(ctx.memory["v"])
 
     def commit(self, x: Tensor, p: Payload, ctx: CompressCtx) -> None:
-        """Mask v (and u) at the real selected indices; padding never masks index 0."""
-        m = sel.real_count(p["idx"], p["val"])
-        self._mask(ctx.key, p["idx"][:m].long())
+        """``x`` becomes the new velocity: clear the real selected indices (padding never masks index 0)."""
+        x.index_fill_(0, _sent_indices(p), 0.0)
 
-    def reset(self, ctx: CompressCtx) -> None:
-        for store in (self._u, self._v):
-            t = store.get(ctx.key)
-            if t is not None:
-                t.zero_()
+    def commit_memory(self, g: Tensor, p: Payload, ctx: CompressCtx) -> None:
+        u = ctx.memory["u"]
+        self._new_momentum(g, ctx, u)
+        if self.params.momentum_masking:
+            u.index_fill_(0, _sent_indices(p), 0.0)
 
-    def dense_sent(self, ctx: CompressCtx) -> None:
+    def dense_sent(self, g: Tensor, ctx: CompressCtx) -> None:
+        """Default: a dense send transmitted everything, u and v restart. ``dense_keeps_momentum``: the step
+        counts as θ = 1 — v is cleared, u keeps its update unless momentum masking clears it too."""
         if not self.params.dense_keeps_momentum:
             self.reset(ctx)
             return
-        v = self._v.get(ctx.key)
-        if v is not None:
-            v.zero_()
-            if self.params.momentum_masking:
-                self._u[ctx.key].zero_()
-
-    def state_dict(self) -> dict[str, dict[str, Any]]:
-        local = {k: {"u": self._u[k].clone(), "v": self._v[k].clone()} for k in self._u}
-        return {"replicated": {}, "local": local}
-
-    def load_state_dict(self, state: dict[str, dict[str, Any]], world_size_changed: bool = False) -> None:
-        self._u.clear()
-        self._v.clear()
-        local = state.get("local", {})
-        if world_size_changed:
-            if local:
-                warnings.warn("ds_gravac: dgc: world size changed, momentum/velocity memory reset to zero",
-                              stacklevel=2)
-            return
-        for key, tensors in local.items():
-            self._u[key] = tensors["u"].clone()
-            self._v[key] = tensors["v"].clone()
+        ctx.memory["v"].zero_()
+        if self.params.momentum_masking:
+            ctx.memory["u"].zero_()
+        else:
+            self._new_momentum(g, ctx, ctx.memory["u"])
 
     # ---- selection ---------------------------------------------------------------------------------
     def select(self, x: Tensor, plan: TensorPlan, ctx: CompressCtx) -> Tensor:
@@ -189,10 +165,15 @@ class DGC(SparseCompressor):
         idx = self.select(x, plan, ctx)
         m = sel.write_entries(out["idx"], out["val"], idx, sel.gather(x, idx))
         if update_state:
-            self._mask(ctx.key, idx)
+            self.commit(x, out, ctx)
         return torch.tensor(m)
 
     def select_stage2(self, a1: Tensor, k2: int, plan2: TensorPlan, x: Tensor, ctx: CompressCtx) -> Tensor:
         if a1.numel() < self.params.exact_below:
             return sel.topk_among(a1, k2)
         return self.sampled_stage2(a1, k2, self.params.sample_ratio, x, ctx)
+
+
+def _sent_indices(p: Payload) -> Tensor:
+    """The real (non-padding) indices of a sparse payload."""
+    return p["idx"][:sel.real_count(p["idx"], p["val"])].long()

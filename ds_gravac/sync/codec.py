@@ -1,0 +1,201 @@
+"""One compressible bucket's encode and decode: payload layouts per level tuple, multi-level probes, decoding.
+
+The codec never communicates (exchange patterns do) and never keeps error-feedback state (the memory does); it
+only owns payload buffers. Those are cached per level tuple and per probe size and dropped at the end of a step
+that did not use them, so a level the controller stopped sending or probing frees its buffers.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import torch
+
+from ..compress.base import CompressCtx, Compressor, Kind, Payload, TensorPlan, stable_hash
+from .buckets import Bucket
+
+
+@dataclass
+class SendLayout:
+    """Payload layout of one bucket at one tuple of per-member levels."""
+
+    plans: list[TensorPlan]
+    word_offsets: list[int]
+    words: int
+    send: torch.Tensor
+    payloads: list[Payload]
+    values_sent: int = 0
+    bulk_idx_pos: Optional[torch.Tensor] = None
+    bulk_val_pos: Optional[torch.Tensor] = None
+    bulk_offsets: Optional[torch.Tensor] = None
+    buffers: dict[str, torch.Tensor] = field(default_factory=dict)   # receive buffers of the exchange pattern
+
+
+@dataclass
+class EncodeStats:
+    """What encoding one bucket adds to the step's statistics."""
+
+    nums: list[float]
+    compress_s: float = 0.0
+    probe_s: float = 0.0
+
+
+class BucketCodec:
+    """Encode/decode of one bucket whose members are all compressible."""
+
+    def __init__(self, bucket: Bucket, compressor: Compressor, ctxs: Sequence[CompressCtx]) -> None:
+        self.bucket = bucket
+        self.comp = compressor
+        self.ctxs = list(ctxs)
+        self.device = bucket.members[0].param.device
+        self.word_dtype = torch.float32 if compressor.kind == Kind.SUMMABLE else torch.int32
+        self._layouts: dict[tuple[float, ...], SendLayout] = {}
+        self._scratch: dict[tuple[int, str], torch.Tensor] = {}
+        self._used_layouts: set[tuple[float, ...]] = set()
+        self._used_scratch: set[tuple[int, str]] = set()
+
+    # ---- buffers ----------------------------------------------------------------------------------------
+    def seg(self, buf: torch.Tensor, i: int) -> torch.Tensor:
+        m = self.bucket.members[i]
+        return buf[m.offset:m.offset + m.numel]
+
+    def plans(self, levels: Sequence[float]) -> list[TensorPlan]:
+        return [self.comp.plan(m.numel, lvl) for m, lvl in zip(self.bucket.members, levels)]
+
+    def layout(self, levels: tuple[float, ...]) -> SendLayout:
+        self._used_layouts.add(levels)
+        lay = self._layouts.get(levels)
+        if lay is None:
+            lay = self._layouts[levels] = self._build_layout(levels)
+        return lay
+
+    def _build_layout(self, levels: tuple[float, ...]) -> SendLayout:
+        plans = self.plans(levels)
+        offsets, total = [], 0
+        for p in plans:
+            offsets.append(total)
+            total += p.words
+        send = torch.zeros(total, dtype=self.word_dtype, device=self.device)
+        payloads = [Payload(p, send[o:o + p.words]) for p, o in zip(plans, offsets)]
+        lay = SendLayout(plans, offsets, total, send, payloads, values_sent=sum(p.values_sent for p in plans))
+        if self.comp.kind != Kind.SUMMABLE and all(_is_sparse_fp32(p) for p in plans):
+            idx_pos, val_pos, offs = [], [], []
+            for mem, p, o in zip(self.bucket.members, plans, offsets):
+                io, vo = o + p.offset_of("idx"), o + p.offset_of("val")
+                idx_pos.append(torch.arange(io, io + p.k))
+                val_pos.append(torch.arange(vo, vo + p.k))
+                offs.append(torch.full((p.k,), mem.offset, dtype=torch.int64))
+            lay.bulk_idx_pos = torch.cat(idx_pos).to(self.device)
+            lay.bulk_val_pos = torch.cat(val_pos).to(self.device)
+            lay.bulk_offsets = torch.cat(offs).to(self.device)
+        return lay
+
+    def _probe_payload(self, i: int, role: str, plan: TensorPlan) -> Payload:
+        """A payload for a level that is measured but not sent: one buffer per member and role, grown on demand
+        (``base``: the multi-level first stage; ``other``: every further level, one after the other)."""
+        key = (i, role)
+        self._used_scratch.add(key)
+        buf = self._scratch.get(key)
+        if buf is None or buf.numel() < plan.words:
+            buf = self._scratch[key] = torch.zeros(plan.words, dtype=self.word_dtype, device=self.device)
+        return Payload(plan, buf[:plan.words])
+
+    def end_step(self) -> None:
+        """Drop the buffers of levels this step neither sent nor measured."""
+        self._layouts = {k: v for k, v in self._layouts.items() if k in self._used_layouts}
+        self._scratch = {k: v for k, v in self._scratch.items() if k in self._used_scratch}
+        self._used_layouts, self._used_scratch = set(), set()
+
+    def nbytes(self) -> int:
+        total = sum(b.numel() * b.element_size() for b in self._scratch.values())
+        for lay in self._layouts.values():
+            total += lay.send.numel() * lay.send.element_size()
+            total += sum(b.numel() * b.element_size() for b in lay.buffers.values())
+        return total
+
+    # ---- encode -----------------------------------------------------------------------------------------
+    def encode(self, xs: Sequence[torch.Tensor], send: Optional[tuple[float, ...]], probes: Sequence[float],
+               live: Sequence[bool], extra_sends: Sequence[tuple[float, ...]] = ()) -> tuple[
+                   Optional[SendLayout], EncodeStats]:
+        """Encode every member at its send level and at each live probe level (gains only).
+
+        Multi-level: the first probe level (GraVAC's θ_min) is compressed directly; every level above it is
+        derived from that payload (``compress_from``), every level below it is compressed directly — never chained
+        from another derived level. A level that is also sent is encoded straight into the send buffer (and the
+        ``extra_sends`` layouts of strict mode, whose branch is chosen later, likewise), so no level is compressed
+        twice. Nothing here changes any state."""
+        st = EncodeStats(nums=[0.0] * len(probes))
+        lay = self.layout(send) if send is not None else None
+        extra = [self.layout(t) for t in extra_sends]
+        multilevel = self.comp.multilevel != "none"
+        base = float(probes[0]) if probes and live[0] else None
+        for i, (mem, x, ctx) in enumerate(zip(self.bucket.members, xs, self.ctxs)):
+            direct: dict[float, Payload] = {}
+            if lay is not None:
+                direct[send[i]] = lay.payloads[i]
+            for t, extra_lay in zip(extra_sends, extra):
+                direct.setdefault(t[i], extra_lay.payloads[i])
+            measured = [float(p) for p, ok in zip(probes, live) if ok]
+            levels = list(dict.fromkeys(([base] if base is not None else []) + measured + list(direct)))
+            p_base: Optional[Payload] = None
+            for lvl in levels:
+                t0 = time.perf_counter()
+                plan = self.comp.plan(mem.numel, lvl)
+                target = direct.get(lvl) or self._probe_payload(i, "base" if lvl == base else "other", plan)
+                if p_base is not None and multilevel and lvl > base and plan.k <= p_base.plan.k:
+                    self.comp.compress_from(p_base, x, plan, target, ctx)
+                else:
+                    self.comp.compress(x, plan, target, ctx, update_state=False)
+                if lvl == base:
+                    p_base = target
+                if lvl in measured:
+                    norm = float(self.comp.sent_sq_norm(target, ctx))
+                    for slot, (p, ok) in enumerate(zip(probes, live)):
+                        if ok and float(p) == lvl:
+                            st.nums[slot] += norm
+                dt = time.perf_counter() - t0
+                st.compress_s += dt
+                if lvl not in direct:
+                    st.probe_s += dt
+        return lay, st
+
+    def leave_memory(self, xs: Sequence[torch.Tensor], lay: SendLayout) -> None:
+        """Turn each staged input in place into the memory it leaves after sending ``lay`` (``compressor.commit``:
+        ``x − D(p)``, or the compressor's own rule). Only the step's scratch changes."""
+        for x, p, ctx in zip(xs, lay.payloads, self.ctxs):
+            self.comp.commit(x, p, ctx)
+
+    # ---- decode -----------------------------------------------------------------------------------------
+    def decode_sum(self, lay: SendLayout, out: torch.Tensor, scale: float) -> None:
+        """``out = scale · D(Σ_w p_w)`` for summable payloads (the send buffer holds the reduced sum)."""
+        for i, p in enumerate(lay.payloads):
+            self.comp.decompress(p, self.seg(out, i), accumulate=False, scale=scale, ctx=self.ctxs[i])
+
+    def decode_rows(self, lay: SendLayout, rows: torch.Tensor, out: torch.Tensor, scale: float, bulk: bool) -> None:
+        """``out = scale · Σ_w D(row_w)``, rows in rank order (one ``index_add_`` per bucket for sparse rows)."""
+        out.zero_()
+        if bulk and lay.bulk_idx_pos is not None:
+            idx = (rows.index_select(1, lay.bulk_idx_pos).long() + lay.bulk_offsets).view(-1)
+            val = rows.index_select(1, lay.bulk_val_pos).view(torch.float32).view(-1)
+            out.index_add_(0, idx, val, alpha=scale)
+            return
+        for w in range(rows.shape[0]):
+            for i, (plan, off) in enumerate(zip(lay.plans, lay.word_offsets)):
+                p = Payload(plan, rows[w, off:off + plan.words])
+                self.comp.decompress(p, self.seg(out, i), accumulate=True, scale=scale, ctx=self.ctxs[i])
+
+    # ---- checks -----------------------------------------------------------------------------------------
+    def shared_selection_digest(self, levels: tuple[float, ...]) -> int:
+        """Checksum of shared-stream selections (Random-k indices), to catch a seed or RNG mismatch early."""
+        total = 0
+        for mem, ctx, lvl in zip(self.bucket.members, self.ctxs, levels):
+            idx = self.comp.indices(mem.numel, self.comp.plan(mem.numel, lvl), ctx)
+            total = stable_hash(f"{total}:{int(idx.long().sum())}:{int((idx.long() * 2654435761 % 1000003).sum())}")
+        return total
+
+
+def _is_sparse_fp32(plan: TensorPlan) -> bool:
+    names = {s.name: s for s in plan.sections}
+    return set(names) == {"idx", "val"} and names["val"].dtype == torch.float32 \
+        and names["idx"].dtype == torch.int32

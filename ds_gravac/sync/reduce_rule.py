@@ -1,0 +1,52 @@
+"""The engine's gradient-averaging rule, read once at attach and applied exactly as DeepSpeed applies it.
+
+DeepSpeed's ``allreduce_bucket`` flattens in the gradient dtype, casts to ``communication_data_type``, scales
+before the sum (``prescale_gradients``: 1/N; default: 1/``gradient_predivide_factor``) and after it
+(``predivide/N``), as multiplications. Reproducing those ops in that order is what makes ``mode: "dense"``
+bit-identical to DeepSpeed's own path at N = 2; compressed buckets fold all of it into one output scale.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class ReduceRule:
+    """The engine's averaging knobs, read once at attach."""
+
+    average: bool
+    postscale: bool
+    predivide: float
+    comm_dtype: torch.dtype
+    world_size: float
+
+    @classmethod
+    def from_engine(cls, engine: Any, world_size: int) -> "ReduceRule":
+        return cls(average=bool(engine.gradient_average), postscale=bool(engine.postscale_gradients()),
+                   predivide=float(engine.gradient_predivide_factor()),
+                   comm_dtype=engine.communication_data_type, world_size=float(world_size))
+
+    @property
+    def output_scale(self) -> float:
+        """``s`` of compressed buckets: ``1/N`` for mean, ``1`` for sum (pre/post-scaling folded in)."""
+        return 1.0 / self.world_size if self.average else 1.0
+
+    @property
+    def comm_bytes_per_element(self) -> int:
+        return torch.empty((), dtype=self.comm_dtype).element_size()
+
+    def prescale(self, c: torch.Tensor) -> None:
+        if not self.average:
+            return
+        if self.postscale:
+            if self.predivide != 1.0:
+                c.mul_(1.0 / self.predivide)
+        else:
+            c.mul_(1.0 / self.world_size)
+
+    def postscale_(self, c: torch.Tensor) -> None:
+        if self.average and self.postscale and self.predivide != self.world_size:
+            c.mul_(self.predivide / self.world_size)

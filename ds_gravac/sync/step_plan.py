@@ -1,0 +1,54 @@
+"""The typed plan of one step: what every bucket does, fixed at the decision point from agreed values only."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from ..compress.base import stable_hash
+
+
+class ActionKind(enum.Enum):
+    """How one bucket travels in one step."""
+
+    DENSE = "dense"          # DeepSpeed-exact all-reduce (of g for dense-classified buckets, of x = g + r else)
+    COMPRESS = "compress"    # encoded at ``levels``, exchanged with the compressor's pattern
+    DEFERRED = "deferred"    # strict decision: staged and measured now, its action is chosen after the pre-send
+    #                          statistics exchange, still before anything of the bucket is launched
+
+
+@dataclass(frozen=True)
+class BucketAction:
+    kind: ActionKind
+    levels: tuple[float, ...] = ()      # per member, only for COMPRESS
+
+    @property
+    def compressed(self) -> bool:
+        return self.kind is ActionKind.COMPRESS
+
+
+DENSE = BucketAction(ActionKind.DENSE)
+DEFERRED = BucketAction(ActionKind.DEFERRED)
+
+
+def compress(levels: tuple[float, ...]) -> BucketAction:
+    return BucketAction(ActionKind.COMPRESS, tuple(float(v) for v in levels))
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """The controller's decision turned into one action per bucket (plan order) and the levels to measure."""
+
+    step: int
+    decision: Any                          # the controller's StepDecision (frozen)
+    probes: tuple[float, ...]              # realized levels whose gains are measured, one stats slot each
+    actions: tuple[BucketAction, ...]
+
+    def digest(self) -> int:
+        """63-bit hash of everything that selects a collective this step (for ``debug.check_plans``)."""
+        parts = [str(self.step), str(self.decision.branch), repr(self.probes)]
+        parts += [f"{a.kind.value}:{a.levels!r}" for a in self.actions]
+        return stable_hash("|".join(parts))
+
+    def with_actions(self, decision: Any, actions: tuple[BucketAction, ...]) -> "StepPlan":
+        return StepPlan(self.step, decision, self.probes, actions)
