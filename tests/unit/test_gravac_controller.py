@@ -450,3 +450,25 @@ def test_build_controller_and_telemetry_keys():
         assert f"gravac/{key}" in tel
     assert (tel["gravac/branch"], tel["gravac/cf_sent"], tel["gravac/step_size"]) == (2, 20.0, 2.0)
     assert json.loads(json.dumps(tel, allow_nan=True))
+
+
+def _bound_ctx() -> ControllerContext:
+    return ControllerContext(world_size=2, samples_per_step=8, realize_cf=float, cf_grid=None, multilevel="exact",
+                             gain_kind="projection", level_kind="cf", compressible=("a",))
+
+
+def test_every_controller_field_restores() -> None:
+    a = GravacController(parse_config({"mode": "gravac", "warmup_steps": 3, "window": 4, "refresh_steps": 1,
+                                       "min_sent_steps": 1}))
+    a.bind(_bound_ctx())
+    for step in range(12):
+        d = a.decide(step, 0.1)
+        a.observe(AgreedStats(step=step, decision=d, den=1.0, den_raw=1.0, nums=(0.9,) * len(d.probe_levels),
+                              t_iter_prev=0.5, t_gain_prev=0.0, values_sent=0.0, bytes_sent=0.0, nonfinite=0.0,
+                              world_size=2))
+    state = a.state_dict()
+    b = GravacController(parse_config({"mode": "gravac", "window": 4, "refresh_steps": 1, "min_sent_steps": 1}))
+    b.bind(_bound_ctx())
+    b.load_state_dict(state)
+    assert b.state_dict() == state and b.i0 == 4
+    assert isinstance(b.decide(12, 0.1), StepDecision)

@@ -1,0 +1,88 @@
+"""The bucket codec's multi-level probes, the memory's transaction and tensor-size classification, in one
+process."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from ds_gravac.compress.base import CompressCtx
+from ds_gravac.compress.registry import lookup
+from ds_gravac.sync.buckets import INT32_LIMIT, Bucket, Member, classify
+from ds_gravac.sync.codec import BucketCodec
+from ds_gravac.sync.memory import BucketMemory
+
+
+def _bucket(sizes: list[int]) -> Bucket:
+    bucket = Bucket(index=0, compressible=True, dtype=torch.float32)
+    for i, n in enumerate(sizes):
+        bucket.add(Member(index=i, name=f"t{i}", param=torch.nn.Parameter(torch.zeros(n)), compressible=True))
+    return bucket
+
+
+class SpyTopK(lookup("topk")):
+    """Top-k that records which payload every derived level was computed from."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, float, float]] = []
+
+    def compress(self, x, plan, out, ctx, update_state):
+        self.calls.append(("direct", plan.level, 0.0))
+        return super().compress(x, plan, out, ctx, update_state)
+
+    def compress_from(self, p1, x, plan2, out, ctx):
+        self.calls.append(("derived", plan2.level, p1.plan.level))
+        return super().compress_from(p1, x, plan2, out, ctx)
+
+
+def test_probes_above_theta_min_derive_from_theta_min_and_lower_ones_compress_directly() -> None:
+    comp = SpyTopK()
+    bucket = _bucket([50000])
+    codec = BucketCodec(bucket, comp, [CompressCtx(key="t0")])
+    x = torch.randn(50000, generator=torch.Generator().manual_seed(0))
+    probes = (10.0, 40.0, 160.0, 5.0)            # θ_min first, then θ_c, a refresh CF, and one below θ_min
+    lay, st = codec.encode([x], (40.0,), probes, [True] * 4)
+    assert sorted(comp.calls) == sorted([("direct", 10.0, 0.0), ("derived", 40.0, 10.0), ("derived", 160.0, 10.0),
+                                         ("direct", 5.0, 0.0)])
+    # the sent level was encoded straight into the send buffer: equal to a direct encoding at 40x
+    direct, _ = BucketCodec(bucket, lookup("topk")(), [CompressCtx(key="t0")]).encode([x], (40.0,), (), ())
+    assert torch.equal(lay.send, direct.send)
+    for level, num in zip(probes, st.nums):      # each gain numerator is that level's ‖C(x)‖² (Top-k: exact)
+        k = -(-50000 // int(level))
+        assert num == pytest.approx(float(x.double().abs().topk(k).values.square().sum()), rel=1e-6)
+
+
+def test_memory_commits_only_when_asked() -> None:
+    comp = lookup("topk")()
+    bucket = _bucket([1000, 3000])
+    mem = BucketMemory(bucket, ("residual",), "residual")
+    codec = BucketCodec(bucket, comp, [CompressCtx(key=m.name) for m in bucket.members])
+    mem.slots["residual"].normal_(generator=torch.Generator().manual_seed(1))
+    r0 = mem.slots["residual"].clone()
+    for m in bucket.members:
+        m.param.grad = torch.randn(m.numel, generator=torch.Generator().manual_seed(m.index + 5))
+    xs = mem.stage(comp, codec.ctxs, True)
+    for ctx, x in zip(codec.ctxs, xs):
+        ctx.residual = x
+    x_all = torch.cat([x.clone() for x in xs])
+    lay, _ = codec.encode(xs, (10.0, 10.0), (), ())
+    codec.leave_memory(xs, lay)
+    assert torch.equal(mem.slots["residual"], r0), "staging and encoding never touch the memory"
+    assert torch.equal(x_all, r0 + torch.cat([m.param.grad for m in bucket.members]))
+    mem.commit_compressed(comp, lay.payloads, codec.ctxs)
+    sent = torch.zeros_like(x_all)
+    for i, p in enumerate(lay.payloads):
+        comp.decompress(p, codec.seg(sent, i), accumulate=False, scale=1.0, ctx=codec.ctxs[i])
+    assert torch.equal(mem.slots["residual"] + sent, x_all), "committed memory = x − D(p)"
+
+
+def test_huge_tensors_are_sent_dense_instead_of_refused(caplog: pytest.LogCaptureFixture) -> None:
+    with torch.device("meta"):
+        huge = torch.nn.Parameter(torch.empty(INT32_LIMIT))
+        small = torch.nn.Parameter(torch.empty(1000))
+    with caplog.at_level(logging.WARNING, logger="ds_gravac"):
+        members = classify([("huge", huge), ("small", small)], lambda shape: True, 0, True)
+    assert [m.compressible for m in members] == [False, True]
+    assert "'huge' has 2147483648 elements" in caplog.text
