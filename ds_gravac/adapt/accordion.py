@@ -146,8 +146,8 @@ class AccordionController(Controller):
             return LOW
         return LOW if abs(n_prev - n_cur) / n_prev >= self.eta else HIGH
 
-    def accept(self, step: int, proposal: torch.Tensor) -> None:
-        """Every rank: adopt rank 0's per-layer codes from this decision point on."""
+    def accept(self, step: int, proposal: torch.Tensor) -> set[str]:
+        """Every rank: adopt rank 0's per-layer codes from this decision point on; returns the switched tensors."""
         codes = [int(c) for c in proposal.reshape(-1).tolist()]
         if len(codes) != len(self.names):
             raise GravacConfigError(f"ds_gravac: accordion proposal has {len(codes)} codes, "
@@ -157,6 +157,7 @@ class AccordionController(Controller):
         if to_low or to_high:
             self.log_event(step, "accordion_switch", to_low=to_low, to_high=to_high)
         self.codes = codes
+        return set(to_low) | set(to_high)
 
     # ---- decisions ---------------------------------------------------------------------------------
     def decide(self, step: int, lr: float, force_dense: bool = False) -> StepDecision:

@@ -144,8 +144,9 @@ class Controller:
     def proposal_size(self) -> int:
         return 1
 
-    def accept(self, step: int, proposal: torch.Tensor) -> None:
-        """Every rank: apply rank 0's broadcast proposal."""
+    def accept(self, step: int, proposal: torch.Tensor) -> set[str]:
+        """Every rank: apply rank 0's broadcast proposal; returns the tensors whose level changed."""
+        return set()
 
     # ---- telemetry and state ----------------------------------------------------------------------
     def telemetry(self) -> dict[str, Any]:

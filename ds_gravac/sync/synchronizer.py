@@ -165,7 +165,9 @@ class Synchronizer:
                 else torch.zeros(size, dtype=torch.int64)
             prop = prop.to(torch.int64).reshape(size).clone()
             broadcast(prop, 0, self.channels.control, "broadcast of rank 0's decision")
-            self.controller.accept(step, prop)
+            switched = self.controller.accept(step, prop)
+            if switched and self.config.accordion.reset_ef_on_switch:
+                self.memory.reset(switched)      # a new level starts with an empty error-feedback memory
         interval = self.config.agreement_check_interval
         if interval and step % interval == 0:
             check_agreement(int(self.controller.state_checksum()), self.channels.control,

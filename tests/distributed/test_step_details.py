@@ -187,3 +187,44 @@ def test_checkpoint_load_mid_run_and_differences(tmp_path) -> None:
         text = "\n".join(res["warnings"])
         assert "checkpoint written by ds_gravac 0.0.1" in text
         assert "epsilon (0.6 -> 0.5)" in text
+
+
+def _switch_job(rank: int, world: int, reset: bool) -> dict:
+    """Accordion with ``reset_ef_on_switch``: at the decision point of a switch, the switched tensors' residuals
+    are read (by a hook that runs right after ds_gravac's first hook of the step, before anything commits)."""
+    import ds_gravac
+    model = M.make_model(width=128)
+    engine, *_ = ds_gravac.initialize(model=model, model_parameters=model.parameters(), config=M.ds_config(
+        {"mode": "accordion", "compressor": "topk", "min_compress_numel": 1000, "bucket_cap_mb": 0.05,
+         "accordion": {"interval_steps": 4, "eta": 0.2, "low_compression": 4, "high_compression": 50,
+                       "reset_ef_on_switch": reset}}))
+    handle = ds_gravac.get_handle(engine)
+    seen: dict[int, dict[str, float]] = {}
+    current = {"step": -1}
+
+    def read(_: torch.Tensor) -> None:
+        step = int(engine.global_steps)
+        if step != current["step"] and engine.is_gradient_accumulation_boundary():
+            current["step"] = step
+            slots = handle.state_dict()["local"]["memory"]["slots"]["residual"]
+            seen[step] = {name: float(t.norm()) for name, t in slots.items()}
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(read)
+    M.train(engine, rank, 24)
+    switches = [e for e in handle.pop_events() if e["event"] == "accordion_switch"]
+    return {"seen": seen, "switches": switches}
+
+
+@pytest.mark.parametrize("reset", [True, False], ids=["reset", "keep"])
+def test_accordion_reset_ef_on_switch(reset: bool) -> None:
+    res = run_ranks(_switch_job, 2, reset)[0]
+    assert res["switches"], "the run must switch levels at least once"
+    for event in res["switches"]:
+        names = event["to_low"] + event["to_high"]
+        norms = [res["seen"][event["step"]][n] for n in names]
+        before = [res["seen"][event["step"] - 1][n] for n in names]
+        assert any(v > 0.0 for v in before), "the switched tensors held a residual one step earlier"
+        if reset:
+            assert all(v == 0.0 for v in norms), (event, norms)
+        else:
+            assert any(v > 0.0 for v in norms), (event, norms)
