@@ -1,4 +1,4 @@
-"""Accordion baseline (gravac.md §7): per-layer low/high compression, switched only at interval boundaries.
+"""Accordion baseline: per-layer low/high compression, switched only at interval boundaries.
 
 Rank 0 compares per-layer norms of accumulated local gradients between consecutive accumulation windows and
 broadcasts one int64 code per compressible tensor (0 = low compression, 1 = high); every rank applies it. A

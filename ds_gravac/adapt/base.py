@@ -1,4 +1,4 @@
-"""Controller contract: a controller only *decides* (architecture.md §5); the synchronizer carries it out.
+"""Controller contract: a controller only *decides*; the synchronizer carries it out.
 
 Decisions are pure functions of agreed values (config, step, learning rate, replicated state, exchanged stats),
 so every rank takes the same branch and launches the same collectives.
@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import torch
 
 from ..compress.base import stable_hash
-from ..telemetry.stats import MAX_PROBES
+from ..telemetry.stats import MAX_PROBES, AgreedStats
 
 
 class Branch(str, enum.Enum):
@@ -61,25 +61,6 @@ class StepDecision:
         if self.layer_levels is not None and name in self.layer_levels:
             return float(self.layer_levels[name])
         return float(self.send_level)
-
-
-@dataclass(frozen=True)
-class AgreedStats:
-    """Cross-rank sums of one step's stats vector (identical on every rank)."""
-
-    step: int
-    decision: StepDecision
-    den: float                      # Σ_w ‖g_ef‖² over the model
-    den_raw: float                  # Σ_w ‖g‖² (no residual), for gain_denominator "raw"
-    nums: tuple[float, ...]         # Σ_w ‖C_θ(g_ef)‖² per probe slot (dense-classified tensors count fully)
-    t_iter_prev: float              # mean over ranks of t_iter(step − 1); 0 if unknown
-    t_gain_prev: float              # mean over ranks of the gain-computation time of step − 1
-    values_sent: float
-    bytes_sent: float
-    nonfinite: float
-    world_size: int
-    lr: float = math.nan            # rank 0's learning rate of this step (the agreed value controllers may use)
-    nonfinite_first: tuple[float, ...] = ()   # per rank: first tensor (member index) with a NaN/Inf, or -1
 
 
 @dataclass(frozen=True)

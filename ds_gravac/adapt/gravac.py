@@ -1,4 +1,4 @@
-"""GraVAC controller (gravac.md §4–§6): picks dense / θ_min / θ_c per step from agreed gains and timings.
+"""GraVAC controller: picks dense / θ_min / θ_c per step from agreed gains and timings.
 
 Pure decision logic. Every value that selects a collective is a float64 function of the replicated state and
 the all-reduced stats (R4), so all ranks decide identically without talking to each other.
@@ -46,7 +46,7 @@ NAN = float("nan")
 
 
 def default_alpha(config: Any, world_size: int) -> float:
-    """``ewma_alpha`` or ``clamp(N/100, ewma_alpha_range)`` (gravac.md §1.4)."""
+    """``ewma_alpha`` or ``clamp(N/100, ewma_alpha_range)``: more ranks average more noise away per step."""
     if config.ewma_alpha is not None:
         return float(config.ewma_alpha)
     lo, hi = config.ewma_alpha_range
@@ -72,7 +72,7 @@ def _finite(*values: float) -> bool:
 
 
 class GravacController(Controller):
-    """Algorithm 1 with resolutions R1–R9; ``decision: "strict"`` defers the branch to :meth:`resolve`."""
+    """Algorithm 1 of the GraVAC paper with the resolutions R1–R9 of docs/algorithms.md; ``decision: "strict"`` defers the branch to :meth:`resolve`."""
 
     mode = "gravac"
 
@@ -137,10 +137,10 @@ class GravacController(Controller):
         if name == "randomk":
             if _compressor_params(c).get("rescale", False):
                 log.warning("ds_gravac: Random-k with rescale=true has E[gain] = theta >= 1: the epsilon test "
-                            "never rejects, so the CF search is driven by throughput alone (gravac.md R5)")
+                            "never rejects, so the CF search is driven by throughput alone (docs/algorithms.md, R5)")
             else:
                 log.warning("ds_gravac: unscaled Random-k has E[gain] = 1/theta: with epsilon=%g no CF above "
-                            "%.3gx passes the epsilon test (gravac.md R5; gain_denominator=%r)",
+                            "%.3gx passes the epsilon test (docs/algorithms.md, R5; gain_denominator=%r)",
                             c.epsilon, 1.0 / c.epsilon, c.gain_denominator)
         elif ctx.gain_kind == "unbiased":
             log.warning("ds_gravac: compressor %r has gain_kind 'unbiased' (E[gain] >= 1): the epsilon test "
@@ -234,7 +234,7 @@ class GravacController(Controller):
                 add(cf)
         return tuple(levels)
 
-    # ---- window boundary (gravac.md §4.4) ----------------------------------------------------------
+    # ---- window boundary ----------------------------------------------------------------------
     def _boundary(self, step: int) -> None:
         table = self._table(step)
         self.log_event(step, "boundary", window=(step - self.i0) // self.window,

@@ -1,4 +1,4 @@
-"""GraVAC bookkeeping (gravac.md §1.4, §1.5, §4.2): per-CF gain and throughput records and the candidate sequence.
+"""GraVAC bookkeeping (R-numbers refer to docs/algorithms.md): per-CF gain and throughput records and the candidate sequence.
 
 Everything is plain Python float64 so that every rank, fed the same agreed stats, computes bit-identical
 records; (de)serialisation is JSON-friendly and exact (``repr`` of a float round-trips).
@@ -11,12 +11,12 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 
 
 def ewma(prev: float, sample: float, alpha: float, first: bool) -> float:
-    """``x̄ = α·x + (1−α)·x̄``, seeded with the first sample (no zero bias, gravac.md §1.4)."""
+    """``x̄ = α·x + (1−α)·x̄``, seeded with the first sample (no bias towards zero)."""
     return float(sample) if first else alpha * float(sample) + (1.0 - alpha) * prev
 
 
 def safe_ratio(num: float, den: float) -> float:
-    """Gain of one sample; δ := 1 when the denominator is 0 (gravac.md §1.3)."""
+    """Gain of one sample; δ := 1 when the denominator is 0 (nothing to lose)."""
     return num / den if den > 0.0 else 1.0
 
 
@@ -96,7 +96,7 @@ def rows_to_records(rows: Any, cls: Any) -> dict[float, Any]:
     return out
 
 
-# ---- candidate sequence (gravac.md §4.2) ------------------------------------------------------------
+# ---- candidate sequence --------------------------------------------------------------------------
 
 def candidate_factor(policy: str, step_size: float, j: int) -> float:
     """``f_j``: exponential ``s^(2^(j−1))`` or geometric ``s^j``; +inf once it overflows."""

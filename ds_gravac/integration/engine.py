@@ -127,7 +127,7 @@ class GravacHandle:
         return None
 
     def _move_optimizer_into_compressor(self, compressible: tuple[str, ...]) -> None:
-        """DGC owns momentum and weight decay (synchronization.md §3): all tensors compressed, SGD plain."""
+        """DGC applies momentum and weight decay itself: every tensor compressed, the optimizer runs plain SGD."""
         dense = [m.name for m in self.sync.members if not m.compressible]
         if dense:
             raise GravacConfigError(f"ds_gravac: compressor '{self.config.compressor.type}' applies momentum "

@@ -1,4 +1,4 @@
-"""Hugging Face Trainer integration (deepspeed.md §10): one callback, no Trainer subclassing.
+"""Hugging Face Trainer integration: one callback, no Trainer subclassing.
 
 Callbacks receive the unwrapped module, not the engine, so the callback is built with the trainer and attaches to
 ``trainer.model_wrapped`` in ``on_train_begin`` — after the engine exists and after any checkpoint load.

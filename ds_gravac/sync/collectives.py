@@ -139,7 +139,7 @@ def check_agreement(value: int, group: Any, what: str) -> None:
 
 
 def ring_allreduce_bytes(payload_bytes: int, world_size: int) -> float:
-    """Logical bytes one rank sends in a ring all-reduce of ``payload_bytes`` (synchronization.md §10)."""
+    """Logical bytes one rank sends in a ring all-reduce of ``payload_bytes``."""
     return 2.0 * (world_size - 1) / world_size * payload_bytes
 
 

@@ -199,3 +199,14 @@ class ErrorFeedbackMemory:
         if missing:
             logger.warning("ds_gravac: %d error-feedback memory entries not in the checkpoint (or of another "
                            "size) start at zero, e.g. %s", len(missing), ", ".join(missing[:3]))
+
+
+def write_grads(members: list[Member], flat: torch.Tensor, alias: bool) -> None:
+    """``p.grad`` of every member from the bucket's flat result: fp32 contiguous gradients become views of it
+    (no copy pass); others are copied (cast to the gradient dtype, any layout)."""
+    for m in members:
+        seg = flat[m.offset:m.offset + m.numel].view(m.param.shape)
+        if alias and m.param.dtype == torch.float32 and m.param.is_contiguous():
+            m.param.grad = seg
+        else:
+            m.param.grad.copy_(seg)

@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..compress.base import stable_hash
+
+if TYPE_CHECKING:
+    from ..adapt.base import StepDecision
 
 
 class ActionKind(enum.Enum):
@@ -40,7 +43,7 @@ class StepPlan:
     """The controller's decision turned into one action per bucket (plan order) and the levels to measure."""
 
     step: int
-    decision: Any                          # the controller's StepDecision (frozen)
+    decision: "StepDecision"               # the controller's decision (frozen)
     probes: tuple[float, ...]              # realized levels whose gains are measured, one stats slot each
     actions: tuple[BucketAction, ...]
 
@@ -50,5 +53,5 @@ class StepPlan:
         parts += [f"{a.kind.value}:{a.levels!r}" for a in self.actions]
         return stable_hash("|".join(parts))
 
-    def with_actions(self, decision: Any, actions: tuple[BucketAction, ...]) -> "StepPlan":
+    def with_actions(self, decision: "StepDecision", actions: tuple[BucketAction, ...]) -> "StepPlan":
         return StepPlan(self.step, decision, self.probes, actions)

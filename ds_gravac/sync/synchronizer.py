@@ -19,30 +19,34 @@ What a bucket does inside an exchange, and how payloads are encoded, is not this
 """
 from __future__ import annotations
 
-import collections
 import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
-from ..compress.base import CompressCtx, Compressor, stable_hash
+from ..compress.base import Compressor, stable_hash
+from ..config import GravacConfig
 from ..errors import GravacError
 from ..telemetry import stats as statvec
-from ..telemetry.stats import StepStats
+from ..telemetry.stats import AgreedStats, StepStats
 from .buckets import BucketPlan, Member, classify
 from .codec import BucketCodec, SendLayout
-from .collectives import Channels, Work, all_gather_async, broadcast, check_agreement, ring_allreduce_bytes
+from .collectives import Channels, broadcast, check_agreement, ring_allreduce_bytes
 from .exchange import DenseAllReduce, Exchange, payload_exchange
 from .hooks import HookManager
-from .memory import ErrorFeedbackMemory, flat_fp32
+from .memory import ErrorFeedbackMemory, flat_fp32, write_grads
+from .planner import Planner
 from .reduce_rule import ReduceRule
-from .step_plan import DEFERRED, DENSE, ActionKind, BucketAction, StepPlan, compress
+from .statistics import StepStatistics
+from .step_plan import DENSE, ActionKind, BucketAction, StepPlan
+
+if TYPE_CHECKING:      # the synchronizer only carries decisions out; it never imports the controllers
+    from ..adapt.base import Controller, StepDecision
 
 logger = logging.getLogger("ds_gravac")
-RECORDS_KEPT = 1000          # per-step records kept for pop_stats(); older ones are dropped (bounded memory)
 
 
 @dataclass
@@ -64,8 +68,8 @@ class RunningStep:
 class Synchronizer:
     """Takes over gradient averaging of one engine; owns plan, codecs, memory, hooks and the running step."""
 
-    def __init__(self, engine: Any, config: Any, compressor: Compressor, controller: Any, channels: Channels,
-                 rule: ReduceRule, bucket_order: Optional[list[int]] = None,
+    def __init__(self, engine: Any, config: GravacConfig, compressor: Compressor, controller: "Controller",
+                 channels: Channels, rule: ReduceRule, bucket_order: Optional[list[int]] = None,
                  on_record: Optional[Callable[[dict[str, Any]], None]] = None) -> None:
         self.engine, self.config, self.comp, self.controller = engine, config, compressor, controller
         self.channels, self.rule, self.on_record = channels, rule, on_record
@@ -74,48 +78,36 @@ class Synchronizer:
         enabled = config.mode != "dense" and compressor.name != "none"
         self.members: list[Member] = classify(named, compressor.accepts, config.min_compress_numel, enabled)
         self.numel_total = sum(m.numel for m in self.members)
-        self.cap = max(1, int(config.bucket_cap_mb * 2**20 / 4))
         self.pattern = payload_exchange(compressor)
         self.memory = ErrorFeedbackMemory(compressor, config.error_feedback)
         self.check_finite = config.mode != "dense" or config.nonfinite == "raise"
-        self._group_of = _param_groups(engine)
+        self.planner = Planner(engine, config, compressor, self.members, self.memory, self.pattern, rule,
+                               self.rank, self.world_size)
         if bucket_order is not None and len(bucket_order) == len(self.members):
-            self._build_plan(bucket_order, frozen=True)
+            self.planner.build(bucket_order, frozen=True)
         else:
-            self._build_plan(BucketPlan.provisional_order(len(self.members)), frozen=False)
+            self.planner.build(BucketPlan.provisional_order(len(self.members)), frozen=False)
         self.running: Optional[RunningStep] = None
         self._ready_order: list[int] = []
-        self._records: collections.deque[dict[str, Any]] = collections.deque(maxlen=RECORDS_KEPT)
-        self.last_record: dict[str, Any] = {}
+        self.stats = StepStatistics(engine, self.world_size, channels.control, on_record)
         self.backward_end_t = 0.0
         self.last_launch_times: dict[int, float] = {}
         self._check_selection = callable(getattr(compressor, "indices", None))
         self._selection_digests: list[int] = []
-        self._agreed_lr = math.nan
-        self._reset_timing()
-        self._opt_hook = _register_step_hook(engine, self._on_optimizer_step)
         self.hooks = HookManager(engine, [m.param for m in self.members], self._begin, self._ready, self._finish)
 
     # ---- plan -------------------------------------------------------------------------------------------
-    def _build_plan(self, order: list[int], frozen: bool) -> None:
-        self.plan = BucketPlan(self.members, order, self.cap, frozen=frozen, compressor_type=self.comp.name)
-        compressible = [b for b in self.plan.buckets if b.compressible]
-        self.ctxs = {b.index: [self._make_ctx(m) for m in b.members] for b in compressible}
-        self.codecs = {b.index: BucketCodec(b, self.comp, self.ctxs[b.index]) for b in compressible}
-        self.memory.build(compressible)
-        self._fallback_cache: dict[tuple[int, tuple[float, ...]], bool] = {}
+    @property
+    def plan(self) -> BucketPlan:
+        return self.planner.plan
 
-    def _make_ctx(self, m: Member) -> CompressCtx:
-        group = self._group_of.get(id(m.param), {})
-        return CompressCtx(key=m.name, rank=self.rank, world_size=self.world_size, seed=self.config.seed,
-                           param=m.param, lr=float(group.get("lr", 0.0)),
-                           weight_decay=float(group.get("weight_decay", 0.0)),
-                           momentum=float(group.get("momentum", 0.0)), error_feedback=self.config.error_feedback,
-                           shape=tuple(m.param.shape))
+    @property
+    def codecs(self) -> dict[int, BucketCodec]:
+        return self.planner.codecs
 
     def rebuild(self, order: list[int]) -> None:
         """Freeze a given bucket order (rank 0's, broadcast; or restored from a checkpoint)."""
-        self._build_plan([int(i) for i in order], frozen=True)
+        self.planner.build(order, frozen=True)
 
     def _freeze_plan(self) -> None:
         """End of the discovery step: rank 0's readiness order becomes everyone's plan."""
@@ -126,34 +118,6 @@ class Synchronizer:
         check_agreement(self.plan.layout_signature(), self.channels.control,
                         "ranks built different bucket plans from rank 0's order (parameter lists differ)")
 
-    # ---- actions ----------------------------------------------------------------------------------------
-    def _level(self, level: float, step: int) -> float:
-        return float(self.comp.effective_cf(self.comp.realize_cf(level), step))
-
-    def _dense_at(self, b: int, levels: tuple[float, ...]) -> bool:
-        """Whether bucket b goes dense at these levels because its pattern would move more bytes than dense."""
-        key = (b, levels)
-        hit = self._fallback_cache.get(key)
-        if hit is None:
-            codec = self.codecs[b]
-            words = sum(p.words for p in codec.plans(levels))
-            hit = self.config.sparse_fallback and not self.pattern.pays(words, codec.bucket.numel,
-                                                                        self.world_size, self.rule)
-            self._fallback_cache[key] = hit
-        return hit
-
-    def _action(self, b: int, decision: Any, step: int) -> BucketAction:
-        bucket = self.plan.buckets[b]
-        if not bucket.compressible or decision.dense:
-            return DENSE
-        levels = tuple(self._level(decision.level_for(m.name), step) for m in bucket.members)
-        return DENSE if self._dense_at(b, levels) else compress(levels)
-
-    def _actions(self, decision: Any, step: int) -> tuple[BucketAction, ...]:
-        if decision.deferred:
-            return tuple(DEFERRED if b.compressible else DENSE for b in self.plan.buckets)
-        return tuple(self._action(b.index, decision, step) for b in self.plan.buckets)
-
     # ---- hook callbacks ---------------------------------------------------------------------------------
     def _begin(self) -> None:
         """Decision point of the step (first boundary hook)."""
@@ -161,7 +125,7 @@ class Synchronizer:
         step = int(self.engine.global_steps)
         if self.plan.frozen and self.controller.broadcast_point(step):
             size = self.controller.proposal_size()
-            prop = self.controller.propose(step, self._agreed_lr) if self.rank == 0 \
+            prop = self.controller.propose(step, self.stats.agreed_lr) if self.rank == 0 \
                 else torch.zeros(size, dtype=torch.int64)
             prop = prop.to(torch.int64).reshape(size).clone()
             broadcast(prop, 0, self.channels.control, "broadcast of rank 0's decision")
@@ -172,9 +136,8 @@ class Synchronizer:
         if interval and step % interval == 0:
             check_agreement(int(self.controller.state_checksum()), self.channels.control,
                             f"ranks hold different controller states at step {step} (agreement_check_interval)")
-        decision = self.controller.decide(step, self._agreed_lr, force_dense=not self.plan.frozen)
-        probes = tuple(float(self.comp.realize_cf(p)) for p in decision.probe_levels)
-        plan = StepPlan(step, decision, probes, self._actions(decision, step))
+        decision = self.controller.decide(step, self.stats.agreed_lr, force_dense=not self.plan.frozen)
+        plan = self.planner.step_plan(step, decision)
         self.running = RunningStep(plan=plan, pending=[len(b.members) for b in self.plan.buckets], t_begin=t0)
         if self.config.debug.check_plans:
             check_agreement(plan.digest(), self.channels.control, f"ranks disagree on the plan of step {step}")
@@ -219,7 +182,7 @@ class Synchronizer:
 
     def _launch_compressible(self, b: int) -> None:
         run, st, plan = self.running, self.running.stats, self.running.plan
-        mem, codec, ctxs = self.memory.bucket(b), self.codecs[b], self.ctxs[b]
+        mem, codec, ctxs = self.memory.bucket(b), self.codecs[b], self.planner.ctxs[b]
         t0 = time.perf_counter()
         mem.release_gradients()
         for ctx in ctxs:
@@ -236,11 +199,12 @@ class Synchronizer:
             st.den_raw += sum(float(torch.dot(g, g)) for g in (flat_fp32(m.param.grad) for m in codec.bucket.members))
         st.stage_s += time.perf_counter() - t0
         width = len(codec.bucket.members)
-        live = [not self._dense_at(b, (p,) * width) for p in plan.probes]
+        live = [not self.planner.dense_at(b, (p,) * width) for p in plan.probes]
         st.add_nums([0.0 if ok else den for ok in live])      # levels that would go dense count ‖x‖² fully
         action = plan.actions[b]
         if action.kind is ActionKind.DEFERRED:
-            lay, es = codec.encode(xs, None, plan.probes, live, extra_sends=self._strict_candidates(b))
+            lay, es = codec.encode(xs, None, plan.probes, live,
+                                   extra_sends=self.planner.strict_candidates(plan, b))
             run.staged[b] = xs
         elif action.compressed:
             lay, es = codec.encode(xs, action.levels, plan.probes, live)
@@ -280,18 +244,6 @@ class Synchronizer:
         for m in members:
             self.running.stats.mark_nonfinite(m.index)
 
-    def _strict_candidates(self, b: int) -> list[tuple[float, ...]]:
-        """Level tuples a strict step may still send for bucket b (θ_min and θ_c): encoded straight into their
-        send buffers, so the resolved branch is never compressed twice."""
-        plan = self.running.plan
-        width = len(self.plan.buckets[b].members)
-        out = []
-        for p in plan.probes[:2]:
-            levels = tuple(self._level(p, plan.step) for _ in range(width))
-            if levels == (p,) * width and not self._dense_at(b, levels):
-                out.append(levels)
-        return out
-
     # ---- end of backward ----------------------------------------------------------------------------------
     def _finish(self) -> None:
         """End of the boundary backward: launch the rest, agree, then commit and write every ``p.grad``."""
@@ -310,10 +262,10 @@ class Synchronizer:
         if run.plan.decision.deferred:
             agreed = self._resolve_strict()
         else:
-            work, rows = self._exchange_stats(async_op=True)
+            work, rows = self.stats.exchange(run.stats, async_op=True)
             self._advance_rounds()
             work.wait()
-            agreed = self._agreed(rows)
+            agreed = self.stats.agree(rows, run.plan)
         timings = self._complete(agreed)
         timings["finish_s"] = time.perf_counter() - t0
         self.last_launch_times = dict(run.launch_t)
@@ -334,7 +286,7 @@ class Synchronizer:
                     ex.wait(r - 1)
                     ex.advance(r, self.channels.data_channels)
 
-    def _complete(self, agreed: Any) -> dict[str, float]:
+    def _complete(self, agreed: AgreedStats) -> dict[str, float]:
         """Wait for every bucket; commit and write back (finite step) or fall back to DeepSpeed's average."""
         run = self.running
         if agreed.nonfinite > 0:
@@ -349,7 +301,7 @@ class Synchronizer:
             t1 = time.perf_counter()
             out = None
             if bucket.compressible:
-                mem, ctxs = self.memory.bucket(b), self.ctxs[b]
+                mem, ctxs = self.memory.bucket(b), self.planner.ctxs[b]
                 if collect is not None:
                     for m in bucket.members:
                         collect(m.name, flat_fp32(m.param.grad))
@@ -361,13 +313,13 @@ class Synchronizer:
             flat = ex.result(out, scale)
             t2 = time.perf_counter()
             if bucket.compressible:
-                _write_grads(bucket.members, flat, alias=flat is self.memory.bucket(b).scratch)
+                write_grads(bucket.members, flat, alias=flat is self.memory.bucket(b).scratch)
             else:
                 ex.write_back([m.param.grad for m in bucket.members])
             decompress, writeback = decompress + t2 - t1, writeback + time.perf_counter() - t2
         return {"comm_wait_s": comm_wait, "decompress_s": decompress, "writeback_s": writeback}
 
-    def _nonfinite_step(self, agreed: Any) -> dict[str, float]:
+    def _nonfinite_step(self, agreed: AgreedStats) -> dict[str, float]:
         """Some rank produced a NaN/Inf: nothing commits; every gradient is averaged exactly as DeepSpeed would,
         so the user's own safeguards see what they would see without ds_gravac (or the configured error)."""
         run = self.running
@@ -395,75 +347,38 @@ class Synchronizer:
             ex.write_back([m.param.grad for m in bucket.members])
         return {"comm_wait_s": comm_wait, "decompress_s": 0.0, "writeback_s": time.perf_counter() - t2}
 
-    def _nonfinite_message(self, agreed: Any) -> str:
+    def _nonfinite_message(self, agreed: AgreedStats) -> str:
         firsts = [int(v) for v in agreed.nonfinite_first]
         where = ", ".join(f"rank {r}: '{self.members[i].name}'" for r, i in enumerate(firsts) if i >= 0)
         return (f"ds_gravac: non-finite gradient (NaN/Inf) at step {agreed.step} ({where}; nonfinite is "
                 f"'{self.config.nonfinite}')")
 
-    def _resolve_strict(self) -> Any:
+    def _resolve_strict(self) -> AgreedStats:
         """Strict decision: blocking statistics exchange, resolve the branch, then send in plan order."""
         run = self.running
-        rows = self._exchange_stats(async_op=False)[1]
-        agreed = self._agreed(rows)
+        rows = self.stats.exchange(run.stats, async_op=False)[1]
+        agreed = self.stats.agree(rows, run.plan)
         if agreed.nonfinite > 0:
             return agreed            # nothing compressible was launched; the non-finite fallback sends raw g
         self.controller.observe(agreed)
         run.observed = True
-        final = self.controller.resolve(run.plan.decision, agreed)
-        actions = tuple(self._action(b.index, final, run.plan.step) if b.compressible else DENSE
-                        for b in self.plan.buckets)
-        run.plan = run.plan.with_actions(final, actions)
+        candidates = {b: self.planner.strict_candidates(run.plan, b) for b in run.staged}
+        run.plan = self.planner.resolved(run.plan, self.controller.resolve(run.plan.decision, agreed))
         for b in sorted(run.staged):
-            action = actions[b]
+            action = run.plan.actions[b]
             lay = self.codecs[b].layout(action.levels) if action.compressed else None
-            if action.compressed and lay is not None and action.levels not in self._strict_candidates(b):
+            if action.compressed and lay is not None and action.levels not in candidates[b]:
                 lay, es = self.codecs[b].encode(run.staged[b], action.levels, (), ())
                 run.stats.compress_s += es.compress_s
             self._send_compressible(b, action, run.staged[b], lay)
         return agreed
 
-    # ---- statistics ---------------------------------------------------------------------------------------
-    def _exchange_stats(self, async_op: bool) -> tuple[Work, torch.Tensor]:
-        st = self.running.stats
-        vals = {"den": st.den, "den_raw": st.den_raw, "values_sent": st.values_sent, "bytes_sent": st.bytes_sent,
-                "nonfinite": st.nonfinite, "nonfinite_first": st.nonfinite_first, "lr": _current_lr(self.engine),
-                "t_iter_prev": self._t_iter_last, "t_gain_prev": self._t_gain_last, **self._timings_prev}
-        vec = statvec.pack(vals, st.nums)
-        rows = torch.zeros(self.world_size * statvec.LENGTH, dtype=torch.float64)
-        work = all_gather_async(rows, vec, self.channels.control, "all_gather of the step statistics")
-        if not async_op:
-            work.wait()
-        return work, rows
-
-    def _agreed(self, rows: torch.Tensor) -> Any:
-        from ..adapt.base import AgreedStats   # data class only; decisions stay in the controller
-        run = self.running
-        red = statvec.reduce_rows(rows.view(self.world_size, statvec.LENGTH), len(run.plan.probes))
-        s, n = red.sums, self.world_size
-        self._update_previous_record(red.maxima)
-        lr = red.per_rank["lr"][0]
-        agreed = AgreedStats(step=run.plan.step, decision=run.plan.decision, den=s["den"], den_raw=s["den_raw"],
-                             nums=red.nums, t_iter_prev=s["t_iter_prev"] / n, t_gain_prev=s["t_gain_prev"] / n,
-                             values_sent=s["values_sent"], bytes_sent=s["bytes_sent"], nonfinite=s["nonfinite"],
-                             world_size=n, lr=lr, nonfinite_first=tuple(red.per_rank["nonfinite_first"]))
-        if agreed.nonfinite == 0 and math.isfinite(lr):
-            self._agreed_lr = lr
-        return agreed
-
-    def _update_previous_record(self, maxima: dict[str, float]) -> None:
-        """The vector carries the previous step's phase timings: their cross-rank maxima go into its record."""
-        if self._records and self._records[-1]["step"] == self._prev_step:
-            self._records[-1].update({f"{k}_max": v for k, v in maxima.items()})
-
-    def _publish(self, agreed: Any, timings: dict[str, float]) -> None:
+    # ---- records ------------------------------------------------------------------------------------------
+    def _publish(self, agreed: AgreedStats, timings: dict[str, float]) -> None:
         run, st = self.running, self.running.stats
         nonfinite = agreed.nonfinite > 0
         if not nonfinite and not run.observed:
             self.controller.observe(agreed)
-        self._t_gain_last = st.probe_s
-        self._timings_prev = {"stage_s": st.stage_s, "compress_s": st.compress_s, **timings}
-        self._prev_step = run.plan.step
         actions = run.plan.actions if not nonfinite else tuple(DENSE for _ in run.plan.actions)
         compressed = [b for b, a in enumerate(actions) if a.compressed]
         compressed_numel = sum(self.plan.buckets[b].numel for b in compressed)
@@ -476,19 +391,18 @@ class Synchronizer:
             values_sent=st.values_sent, bytes_sent=st.bytes_sent,
             dense_bytes=ring_allreduce_bytes(4 * self.numel_total, self.world_size), payload_bytes=payload,
             compressed_numel=compressed_numel, compressed_values=st.values_sent - dense_values,
-            nonfinite=int(agreed.nonfinite), t_iter_prev=self._t_iter_last, probe_s=st.probe_s,
+            nonfinite=int(agreed.nonfinite), t_iter_prev=self.stats.t_iter_last, probe_s=st.probe_s,
             stage_s=st.stage_s, compress_s=st.compress_s, **timings, **self.controller.telemetry())
         if run.plan.probes and agreed.den > 0 and not nonfinite:
             rec.update({f"gain_raw@{p:g}": num / agreed.den for p, num in zip(run.plan.probes, agreed.nums)})
-        self.last_record = rec
-        self._records.append(rec)
-        if self.on_record is not None:
-            self.on_record(rec)
+        self.stats.step_done(run.plan.step, st, timings, rec)
+
+    @property
+    def last_record(self) -> dict[str, Any]:
+        return self.stats.last_record
 
     def pop_records(self) -> list[dict[str, Any]]:
-        recs = list(self._records)
-        self._records.clear()
-        return recs
+        return self.stats.pop_records()
 
     def _check_shared_selection(self) -> None:
         """At the first compressed step: fail fast if ranks drew different shared indices (a seed/RNG mismatch)."""
@@ -496,21 +410,6 @@ class Synchronizer:
         check_agreement(stable_hash(repr(digests)), self.channels.control,
                         "ranks selected different Random-k indices at the first compressed step (the shared "
                         "random stream differs: check that every rank uses the same seed and library versions)")
-
-    # ---- timing -------------------------------------------------------------------------------------------
-    def _on_optimizer_step(self, *_: Any) -> None:
-        now = time.perf_counter()
-        if self._opt_end_t is not None:
-            self._t_iter_last = now - self._opt_end_t
-        self._opt_end_t = now
-
-    def _reset_timing(self) -> None:
-        """Forget every measurement of earlier steps (attach, and a checkpoint load in the middle of a run)."""
-        self._opt_end_t: Optional[float] = None
-        self._t_iter_last = 0.0
-        self._t_gain_last = 0.0
-        self._timings_prev: dict[str, float] = {}
-        self._prev_step = -1
 
     # ---- state and lifecycle ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -526,7 +425,7 @@ class Synchronizer:
             self.memory.load_state_dict(state["memory"])
         else:
             self.memory.reset()
-        self._reset_timing()
+        self.stats.reset_timing()
 
     def drain(self) -> None:
         """Nothing is in flight between steps (each step's statistics are waited for at its end)."""
@@ -536,41 +435,4 @@ class Synchronizer:
 
     def close(self) -> None:
         self.hooks.remove()
-        if self._opt_hook is not None:
-            self._opt_hook.remove()
-
-
-def _write_grads(members: list[Member], flat: torch.Tensor, alias: bool) -> None:
-    """``p.grad`` of every member from the bucket's flat result: fp32 contiguous gradients become views of it
-    (no copy pass); others are copied (cast to the gradient dtype, any layout)."""
-    for m in members:
-        seg = flat[m.offset:m.offset + m.numel].view(m.param.shape)
-        if alias and m.param.dtype == torch.float32 and m.param.is_contiguous():
-            m.param.grad = seg
-        else:
-            m.param.grad.copy_(seg)
-
-
-def _param_groups(engine: Any) -> dict[int, dict[str, Any]]:
-    """Snapshot of each parameter's group hyper-parameters at attach (before DGC zeroes momentum/wd)."""
-    groups: dict[int, dict[str, Any]] = {}
-    opt = getattr(engine, "basic_optimizer", None) or getattr(engine, "optimizer", None)
-    for g in getattr(opt, "param_groups", []) or []:
-        snap = {k: g[k] for k in ("lr", "weight_decay", "momentum") if k in g}
-        for p in g["params"]:
-            groups[id(p)] = snap
-    return groups
-
-
-def _register_step_hook(engine: Any, fn: Any) -> Any:
-    opt = getattr(engine, "basic_optimizer", None)
-    if isinstance(opt, torch.optim.Optimizer):
-        return opt.register_step_post_hook(fn)
-    return None
-
-
-def _current_lr(engine: Any) -> float:
-    try:
-        return float(engine.get_lr()[0])
-    except Exception:   # no optimizer (inference-only engines): LR never drives a decision then
-        return math.nan
+        self.stats.close()

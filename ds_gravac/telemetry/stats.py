@@ -63,6 +63,25 @@ def pack(values: dict[str, float], nums: list[float]) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
+class AgreedStats:
+    """Cross-rank sums of one step's stats vector (identical on every rank)."""
+
+    step: int
+    decision: Any                  # the controller's StepDecision of that step
+    den: float                      # Σ_w ‖g_ef‖² over the model
+    den_raw: float                  # Σ_w ‖g‖² (no residual), for gain_denominator "raw"
+    nums: tuple[float, ...]         # Σ_w ‖C_θ(g_ef)‖² per probe slot (dense-classified tensors count fully)
+    t_iter_prev: float              # mean over ranks of t_iter(step − 1); 0 if unknown
+    t_gain_prev: float              # mean over ranks of the gain-computation time of step − 1
+    values_sent: float
+    bytes_sent: float
+    nonfinite: float
+    world_size: int
+    lr: float = math.nan            # rank 0's learning rate of this step (the agreed value controllers may use)
+    nonfinite_first: tuple[float, ...] = ()   # per rank: first tensor (member index) with a NaN/Inf, or -1
+
+
+@dataclass(frozen=True)
 class Reduced:
     """Rank-order sums (agreed), per-rank columns and maxima (telemetry) of one step's gathered vectors."""
 
@@ -85,10 +104,6 @@ def reduce_rows(rows: torch.Tensor, num_probes: int) -> Reduced:
     per_rank = {name: [row[INDEX[name]] for row in data] for name in RANK_FIELDS}
     nums = tuple(sums[f"num{j}"] for j in range(num_probes))
     return Reduced(sums=sums, maxima=maxima, nums=nums, per_rank=per_rank)
-
-
-def finite(value: float) -> bool:
-    return math.isfinite(value)
 
 
 def step_record(**fields: Any) -> dict[str, Any]:

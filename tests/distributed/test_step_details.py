@@ -113,8 +113,8 @@ def test_strict_decision_compresses_each_level_once() -> None:
 
 def _bounded_job(rank: int, world: int) -> dict:
     import ds_gravac
-    import ds_gravac.sync.synchronizer as sync_module
-    sync_module.RECORDS_KEPT = 10
+    import ds_gravac.sync.statistics as statistics
+    statistics.RECORDS_KEPT = 10
     model = M.make_model()
     engine, *_ = ds_gravac.initialize(model=model, model_parameters=model.parameters(), config=M.ds_config(
         {**GRAVAC, "window": 6, "refresh_steps": 2, "min_sent_steps": 2, "theta_min": 2, "theta_max": 200,
