@@ -8,7 +8,7 @@ from typing import Any, Mapping, Optional, Union
 import torch
 from pydantic import ValidationError
 
-from ..adapt import ControllerContext, build_controller
+from ..adapt import Controller, ControllerContext, build_controller
 from ..compress.base import Compressor, Kind
 from ..compress.registry import lookup
 from ..config import GravacConfig, parse_config
@@ -71,7 +71,7 @@ class GravacHandle:
         self.section = dict(section)
         self.active = False
         self.compressor: Optional[Compressor] = None
-        self.controller: Any = None
+        self.controller: Optional[Controller] = None
         self.sync: Optional[Synchronizer] = None
         self._sink: Optional[JsonlSink] = None
         self._moved_hyperparams: list[tuple[dict, str, Any]] = []
@@ -162,6 +162,11 @@ class GravacHandle:
         self.active = False
         if getattr(self.engine, HANDLE_ATTR, None) is self:
             delattr(self.engine, HANDLE_ATTR)
+
+    @property
+    def rank(self) -> int:
+        """This process's rank (0 when ds_gravac is passive)."""
+        return self.sync.rank if self.sync is not None else 0
 
     def drain(self) -> None:
         """Wait for the last step's pending statistics exchange (before exit, checkpoints, or reading stats)."""

@@ -11,7 +11,7 @@ from typing import Any, Mapping, Optional
 
 from transformers import TrainerCallback
 
-from .checkpoint import load_handle_state, read_rank_file, write_rank_file
+from .checkpoint import read_rank_file, write_rank_file
 from .engine import GravacHandle, attach, get_handle
 
 logger = logging.getLogger("ds_gravac")
@@ -34,7 +34,7 @@ class GravacCallback(TrainerCallback):
                                "deepspeed=...) with a config that has a \"gravac\" section")
         self.handle = attach(engine, config=self.config)
         directory = self._resume_dir(args, state)
-        if directory is not None and self.handle.sync is not None:
+        if directory is not None and self.handle.active:
             self._restore(directory)
 
     def _resume_dir(self, args: Any, state: Any) -> Optional[str]:
@@ -45,18 +45,18 @@ class GravacCallback(TrainerCallback):
         return None
 
     def _restore(self, checkpoint_dir: str) -> None:
-        sync = self.handle.sync
+        rank = self.handle.rank
         tag_dir = _tag_dir(checkpoint_dir)
-        per_rank = read_rank_file(tag_dir, sync.rank) if tag_dir else None
+        per_rank = read_rank_file(tag_dir, rank) if tag_dir else None
         if per_rank is None:
             logger.warning("ds_gravac: [rank %d] no ds_gravac state under %s: residuals start at zero",
-                           sync.rank, checkpoint_dir)
+                           rank, checkpoint_dir)
             return
-        load_handle_state(self.handle, {"replicated": per_rank.get("replicated", {}), "local": per_rank})
+        self.handle.load_state_dict({"replicated": per_rank.get("replicated", {}), "local": per_rank})
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         handle = self.handle
-        if handle is None or handle.sync is None:
+        if handle is None or not handle.active:
             return
         checkpoint_dir = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
         tag_dir = _tag_dir(checkpoint_dir) or os.path.join(checkpoint_dir, f"global_step{state.global_step}")
@@ -64,16 +64,16 @@ class GravacCallback(TrainerCallback):
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Optional[dict] = None, **kwargs: Any) -> None:
         handle = self.handle
-        if handle is None or handle.sync is None or not handle.config.telemetry.wandb or handle.sync.rank != 0:
+        if handle is None or not handle.active or not handle.config.telemetry.wandb or handle.rank != 0:
             return
         try:
             import wandb
         except ImportError:
             return
-        if wandb.run is not None and handle.sync.last_record:
+        record = handle.last_stats()
+        if wandb.run is not None and record:
             from ..telemetry.sinks import numeric_metrics
-            metrics = {f"gravac/{k}" if "/" not in k else k: v
-                       for k, v in numeric_metrics(handle.sync.last_record).items()}
+            metrics = {f"gravac/{k}" if "/" not in k else k: v for k, v in numeric_metrics(record).items()}
             metrics["train/global_step"] = state.global_step
             wandb.log(metrics)
 
