@@ -101,11 +101,14 @@ class BucketCodec:
             buf = self._scratch[key] = torch.zeros(plan.words, dtype=self.word_dtype, device=self.device)
         return Payload(plan, buf[:plan.words])
 
-    def end_step(self) -> None:
-        """Drop the buffers of levels this step neither sent nor measured."""
+    def end_step(self) -> bool:
+        """Drop the buffers of levels this step neither sent nor measured; True when host buffers were dropped."""
+        dropped = len(self._layouts) + len(self._scratch)
         self._layouts = {k: v for k, v in self._layouts.items() if k in self._used_layouts}
         self._scratch = {k: v for k, v in self._scratch.items() if k in self._used_scratch}
+        dropped -= len(self._layouts) + len(self._scratch)
         self._used_layouts, self._used_scratch = set(), set()
+        return dropped > 0 and self.device.type == "cpu"
 
     def nbytes(self) -> int:
         total = sum(b.numel() * b.element_size() for b in self._scratch.values())

@@ -19,7 +19,7 @@ from ..telemetry.stats import AgreedStats, StepStats
 from .collectives import Work, all_gather_async
 from .step_plan import StepPlan
 
-RECORDS_KEPT = 1000          # per-step records kept for pop_stats(); older ones are dropped (bounded memory)
+RECORDS_KEPT = 256           # per-step records kept for pop_stats(); older ones are dropped (bounded memory)
 
 
 class StepStatistics:

@@ -37,6 +37,7 @@ from .codec import BucketCodec, SendLayout
 from .collectives import Channels, broadcast, check_agreement, ring_allreduce_bytes
 from .exchange import DenseAllReduce, Exchange, payload_exchange
 from .hooks import HookManager
+from .host_memory import release_freed_host_memory
 from .memory import ErrorFeedbackMemory, flat_fp32, write_grads
 from .planner import Planner
 from .reduce_rule import ReduceRule
@@ -272,8 +273,8 @@ class Synchronizer:
         if not self.plan.frozen:
             self._freeze_plan()
         self._publish(agreed, timings)
-        for codec in self.codecs.values():
-            codec.end_step()
+        if any([codec.end_step() for codec in self.codecs.values()]):
+            release_freed_host_memory()
         self.running = None
 
     def _advance_rounds(self) -> None:

@@ -86,3 +86,18 @@ def test_huge_tensors_are_sent_dense_instead_of_refused(caplog: pytest.LogCaptur
         members = classify([("huge", huge), ("small", small)], lambda shape: True, 0, True)
     assert [m.compressible for m in members] == [False, True]
     assert "'huge' has 2147483648 elements" in caplog.text
+
+
+def test_end_step_drops_unused_levels_and_says_so() -> None:
+    """A level neither sent nor probed in a step loses its buffers; the synchronizer then trims the host heap."""
+    from ds_gravac.sync.host_memory import release_freed_host_memory
+    bucket = _bucket([50000])
+    codec = BucketCodec(bucket, lookup("topk")(), [CompressCtx(key="t0")])
+    x = torch.randn(50000, generator=torch.Generator().manual_seed(1))
+    codec.encode([x], (10.0,), (10.0, 40.0), [True, True])
+    held = codec.nbytes()
+    assert codec.end_step() is False                 # both levels were used: nothing dropped
+    codec.encode([x], (100.0,), (), ())
+    assert codec.end_step() is True                  # the 10x layout and the 40x probe buffer went away
+    assert 0 < codec.nbytes() < held
+    assert isinstance(release_freed_host_memory(), bool)
