@@ -43,8 +43,8 @@ buffers (``BucketCodec.nbytes()`` after the step's encode, on fresh codecs) + th
 all-reduce, which reduces in the send buffer). Buckets that the sparse fallback would send dense at that N get no
 payload, as in a real step. Reported beside it and not in the total: the layout's bulk-decode index tensors, which
 ``BucketCodec.nbytes()`` does not count, tensors the compressor object itself holds (Random-k's index cache), and
-an estimate of the bulk decode's transient peak (16·N·k bytes for the largest bucket: the gathered int64 indices
-and their offset copy). Dense-classified tensors keep no buffer of ds_gravac: their bucket is flattened by
+an estimate of the bulk decode's transient peak (12·N·k bytes for the largest bucket: the gathered int32 indices,
+their offset copy and the gathered values). Dense-classified tensors keep no buffer of ds_gravac: their bucket is flattened by
 ``DenseAllReduce`` exactly as DeepSpeed flattens it, a transient copy held until the step's end, reported
 (``flatten_transient_bytes``) and not counted as extra. Target printed next to the numbers: Top-k with error
 feedback ≤ 2 extra copies.
@@ -426,7 +426,7 @@ def memory_row(gs: GradSet, own: Rank, send_level: float, probes: tuple[float, .
             send_b += nbytes(lay.send)
             bulk_b += sum(nbytes(t) for t in (lay.bulk_idx_pos, lay.bulk_val_pos, lay.bulk_offsets))
             if own.cfg.bulk and lay.bulk_idx_pos is not None and issubclass(own.pattern, PayloadAllGather):
-                decode_peak = max(decode_peak, 16 * n * lay.bulk_idx_pos.numel())
+                decode_peak = max(decode_peak, 12 * n * lay.bulk_idx_pos.numel())
         probe_b += before - (nbytes(lay.send) if lay is not None else 0)
         recv_b += codec.nbytes() - before
     memory_b = own.memory.nbytes()

@@ -83,9 +83,9 @@ class BucketCodec:
             idx_pos, val_pos, offs = [], [], []
             for mem, p, o in zip(self.bucket.members, plans, offsets):
                 io, vo = o + p.offset_of("idx"), o + p.offset_of("val")
-                idx_pos.append(torch.arange(io, io + p.k))
-                val_pos.append(torch.arange(vo, vo + p.k))
-                offs.append(torch.full((p.k,), mem.offset, dtype=torch.int64))
+                idx_pos.append(torch.arange(io, io + p.k, dtype=torch.int32))     # int32: buckets are < 2^31
+                val_pos.append(torch.arange(vo, vo + p.k, dtype=torch.int32))
+                offs.append(torch.full((p.k,), mem.offset, dtype=torch.int32))
             lay.bulk_idx_pos = torch.cat(idx_pos).to(self.device)
             lay.bulk_val_pos = torch.cat(val_pos).to(self.device)
             lay.bulk_offsets = torch.cat(offs).to(self.device)
@@ -179,7 +179,7 @@ class BucketCodec:
         """``out = scale · Σ_w D(row_w)``, rows in rank order (one ``index_add_`` per bucket for sparse rows)."""
         out.zero_()
         if bulk and lay.bulk_idx_pos is not None:
-            idx = (rows.index_select(1, lay.bulk_idx_pos).long() + lay.bulk_offsets).view(-1)
+            idx = (rows.index_select(1, lay.bulk_idx_pos) + lay.bulk_offsets).view(-1)
             val = rows.index_select(1, lay.bulk_val_pos).view(torch.float32).view(-1)
             out.index_add_(0, idx, val, alpha=scale)
             return
