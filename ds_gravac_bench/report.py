@@ -137,9 +137,9 @@ def markdown(results: dict[str, Any]) -> str:
             f"{_fmt(s['speedup_vs_ds_dense'])}x | {_fmt(s['speedup_vs_topk10'])}x | {_fmt(s['final']['loss'], 4)} | "
             f"{_fmt(s['bound']['t_bound'])} | {_fmt(s['bound']['gap'])} | {_fmt(s['bound'].get('step_over_compute'))} |")
     lines += ["", "veth bytes include start-up traffic (DeepSpeed's parameter broadcast at initialize), divided by "
-              "the step count; logical bytes are the ds_gravac accounting (synchronization.md §10).",
+              "the step count; logical bytes are the ds_gravac accounting (docs/design.md).",
               "Paper reference numbers (GraVAC, 32 V100s): speed-up over static Top-k 10x — ResNet101 4.32×, VGG16 "
-              "1.95×, LSTM 6.67× (benchmarks.md §4.1)."]
+              "1.95×, LSTM 6.67× (docs/BENCHMARKS.md)."]
     return "\n".join(lines) + "\n"
 
 

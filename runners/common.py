@@ -48,7 +48,7 @@ def base_parser(description: str) -> argparse.ArgumentParser:
                         "its 'gravac' section; ddp / ddp_powersgd: torch DDP (gloo, 25 MB buckets), optimizer and "
                         "LR schedule from the config; local: one rank, no communication (compute-only step)")
     p.add_argument("--powersgd-rank", type=int, default=4,
-                   help="ddp_powersgd: matrix_approximation_rank of torch's powerSGD_hook (benchmarks.md: 4; also 1)")
+                   help="ddp_powersgd: matrix_approximation_rank of torch's powerSGD_hook (docs/BENCHMARKS.md: 4; also 1)")
     p.add_argument("--steps", type=int, default=100, help="train until this many optimizer steps (also on resume)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--micro-batch", type=int, default=None,

@@ -20,7 +20,7 @@ def _call(engine: Any, name: str, default: Any = None) -> Any:
 
 
 def validate_engine(engine: Any) -> None:
-    """Raise :class:`GravacUnsupportedError` naming the first unsupported setting, in the spec's order."""
+    """Raise :class:`GravacUnsupportedError` naming the first unsupported setting, in a fixed order."""
     from deepspeed.runtime.pipe.engine import PipelineEngine
 
     stage = _call(engine, "zero_optimization_stage", 0)

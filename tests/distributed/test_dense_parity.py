@@ -1,4 +1,4 @@
-"""mode "dense" and compressor "none" are bit-identical to DeepSpeed's own gradient averaging (deepspeed.md §4)."""
+"""mode "dense" and compressor "none" are bit-identical to DeepSpeed's own gradient averaging."""
 from __future__ import annotations
 
 import pytest

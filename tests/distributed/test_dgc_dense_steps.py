@@ -1,6 +1,6 @@
 """DGC's memory on dense steps (GraVAC's dense fallback), checked against DeepSpeed's own dense path.
 
-Every step is forced dense through the controller's own ``force_dense`` branch. With the spec's rule 1 (a dense
+Every step is forced dense through the controller's own ``force_dense`` branch. With the rule (a dense
 step clears u and v) DGC's sent value is ``g + wd·w`` every step, i.e. SGD *without* momentum; with
 ``dense_keeps_momentum`` and no masking, u survives and the run is momentum SGD. Both are compared with plain
 DeepSpeed engines (no ds_gravac) running SGD with momentum 0 and 0.9.

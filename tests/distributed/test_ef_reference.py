@@ -3,7 +3,7 @@
 The reference never touches ds_gravac: per rank it computes the gradient on that rank's batch, adds the rank's
 residual, keeps the ceil(n/θ) largest magnitudes of every tensor with at least ``min_compress_numel`` elements
 (smaller tensors go dense, no residual), averages over ranks and applies torch.optim.SGD's momentum/weight-decay
-rule. The first step is the dense discovery step (synchronization.md §4).
+rule. The first step is the dense discovery step (docs/design.md).
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Every registered sparse compressor on the real synchronizer: replicas stay bitwise identical, training is
-finite, and the bytes sent are below dense (compressors.md §8 item 7)."""
+finite, and the bytes sent are below dense (docs/algorithms.md)."""
 from __future__ import annotations
 
 import pytest

@@ -36,7 +36,7 @@ def test_all_ranks_take_identical_branches(trained: list) -> None:
 
 def test_candidates_follow_the_exponential_schedule_and_several_cfs_are_sent(trained: list) -> None:
     res = trained[0]["gravac"]
-    # exponential policy from θ_min0 = 4 to θ_max = 100: factors 2, 4, 16, 256 → 8, 16, 64, 100 (gravac.md §4.2)
+    # exponential policy from θ_min0 = 4 to θ_max = 100: factors 2, 4, 16, 256 → 8, 16, 64, 100 (docs/algorithms.md)
     expected = [min(100.0, 4 * 2 ** (2 ** (j - 1))) for j in range(1, 5)]
     candidates = []
     for r in res["records"]:

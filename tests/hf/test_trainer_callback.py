@@ -1,4 +1,4 @@
-"""Hugging Face Trainer + DeepSpeed + GravacCallback on 2 real gloo ranks (deepspeed.md §10)."""
+"""Hugging Face Trainer + DeepSpeed + GravacCallback on 2 real gloo ranks."""
 from __future__ import annotations
 
 import pytest

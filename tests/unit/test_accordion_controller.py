@@ -1,4 +1,4 @@
-"""Accordion controller (gravac.md §7): interval-only switching, ρ ≥ η → low, LR-decay rule, round trip."""
+"""Accordion controller (docs/algorithms.md): interval-only switching, ρ ≥ η → low, LR-decay rule, round trip."""
 from __future__ import annotations
 
 import json

@@ -1,4 +1,4 @@
-"""Config schema (architecture.md §9) and the bucket plan (synchronization.md §3), single process."""
+"""Config schema (docs/configuration.md) and the bucket plan (docs/design.md), single process."""
 from __future__ import annotations
 
 import pytest

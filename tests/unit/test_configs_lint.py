@@ -1,4 +1,4 @@
-"""Every shipped DeepSpeed config states the settings whose defaults bite (deepspeed.md §4, §11, §12)."""
+"""Every shipped DeepSpeed config states the settings whose defaults bite."""
 from __future__ import annotations
 
 import glob
@@ -55,7 +55,7 @@ def test_runner_config_conventions(path: str) -> None:
 
 
 def test_paper_hyper_parameters() -> None:
-    """GraVAC Table 1 (gravac.md §10) and the schedule choice documented in ds_configs/README.md."""
+    """GraVAC Table 1 (docs/algorithms.md) and the schedule choice documented in ds_configs/README.md."""
     r101 = _load(os.path.join(ROOT, "ds_configs", "resnet101_dense.json"))
     assert r101["train_micro_batch_size_per_gpu"] == 32
     assert r101["optimizer"]["params"] == {"lr": 0.1, "momentum": 0.9, "weight_decay": 1e-4}

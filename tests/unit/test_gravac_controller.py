@@ -1,6 +1,6 @@
-"""GraVAC controller (gravac.md §4–§6): scripted gain/time streams fed through the synchronizer's protocol.
+"""GraVAC controller (docs/algorithms.md): scripted gain/time streams fed through the synchronizer's protocol.
 
-Expected values are derived from the spec text (candidate lists of §4.2, the paper's 1280x/2000x example, R1–R8),
+Expected values are derived from docs/algorithms.md (candidate lists, the paper's 1280x/2000x example, R1–R8),
 not from the implementation's output.
 """
 from __future__ import annotations
@@ -55,7 +55,7 @@ def log_tsys(theta: float, i: int = 0) -> float:
 
 
 class Sim:
-    """Drives a controller exactly like the synchronizer (pipelined or strict, gravac.md §6)."""
+    """Drives a controller exactly like the synchronizer (pipelined or strict, docs/algorithms.md)."""
 
     def __init__(self, ctrl, gain: Callable[[float, int], float], tsys: Callable[[float, int], float],
                  den: Callable[[int], float] = lambda i: 1.0, t_gain: Callable[[int], float] = lambda i: 0.0,
@@ -116,7 +116,7 @@ def window_range(k: int, window: int = 20, i0: int = 1) -> range:
     return range(i0 + (k - 1) * window, i0 + k * window)
 
 
-# ---- candidate sequences (gravac.md §4.2) ----------------------------------------------------------------
+# ---- candidate sequences (docs/algorithms.md) ----------------------------------------------------------------
 
 def test_exponential_sequence_10_20_40_160_1000():
     sim = Sim(make_ctrl(), log_gain, log_tsys).run(1 + 5 * 20 + 5)
@@ -151,7 +151,7 @@ def test_candidates_snap_to_grid_and_unbiased_warns(caplog):
     assert ctrl.phase == "EXHAUSTED"
 
 
-# ---- window boundary: escalation, saturation (gravac.md §4.4, R2, R3) -------------------------------------
+# ---- window boundary: escalation, saturation (docs/algorithms.md, R2, R3) -------------------------------------
 
 def test_theta_min_escalates_to_evaluated_candidate_within_omega():
     gains = {10.0: 0.95, 20.0: 0.948, 40.0: 0.90, 160.0: 0.85, 1000.0: 0.8}
@@ -227,7 +227,7 @@ def test_settled_freeze_ignores_drift():
     assert sim.sent_levels(161, 241) == {1280.0}
 
 
-# ---- per-step ε test (gravac.md §4.3 step 3, R8) ---------------------------------------------------------
+# ---- per-step ε test (docs/algorithms.md, R8) ---------------------------------------------------------
 
 def test_dense_when_both_gains_below_epsilon():
     sim = Sim(make_ctrl(), lambda t, i: 0.5, log_tsys).run(45)
@@ -265,7 +265,7 @@ def test_refresh_probes_next_candidate_and_recent_table_cfs():
     assert all(len(d.probe_levels) == 2 for d in keep.decisions)
 
 
-# ---- strict vs pipelined (gravac.md §6) ------------------------------------------------------------------
+# ---- strict vs pipelined (docs/algorithms.md) ------------------------------------------------------------------
 
 def wavy_gain(theta: float, i: int) -> float:
     base = {10.0: 0.8, 20.0: 0.72, 40.0: 0.66, 160.0: 0.62, 1000.0: 0.6}[theta]
@@ -327,7 +327,7 @@ def test_nonfinite_stats_do_not_touch_records():
     assert ctrl.decide(1, 0.1).branch == "dense"                       # no record passes ε (R8)
 
 
-# ---- timings (gravac.md §1.5, R7) ------------------------------------------------------------------------
+# ---- timings (docs/algorithms.md, R7) ------------------------------------------------------------------------
 
 def test_throughput_attribution_and_dense_gain_time_subtracted():
     ctrl = make_ctrl()

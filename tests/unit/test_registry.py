@@ -1,4 +1,4 @@
-"""Compressor registry (architecture.md §7): names, duplicates, the contract check, plug-in lookup."""
+"""Compressor registry (docs/design.md): names, duplicates, the contract check, plug-in lookup."""
 from __future__ import annotations
 
 from typing import Optional

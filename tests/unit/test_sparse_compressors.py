@@ -1,4 +1,4 @@
-"""Sparsifiers (compressors.md §3, §6, §7, §8): layout, reconstruction, error feedback, selection invariants."""
+"""Sparsifiers (docs/algorithms.md): layout, reconstruction, error feedback, selection invariants."""
 from __future__ import annotations
 
 import math
@@ -97,7 +97,7 @@ def selected(comp, p: Payload, ctx: CompressCtx) -> torch.Tensor:
     return p["idx"][:sel.real_count(p["idx"], p["val"])].long()
 
 
-# ---- §3.1 / §8.1 layout and real entries ------------------------------------------------------------------
+# ---- layout and real entries ------------------------------------------------------------------
 @pytest.mark.parametrize("name", ALL)
 @pytest.mark.parametrize("n,level", [(1, 10), (7, 3), (33, 1), (1000, 10), (4099, 100), (70001, 1000), (70001, 10)])
 def test_layout_and_real_entries(name: str, n: int, level: float) -> None:
@@ -135,7 +135,7 @@ def test_fp16_values_halve_the_value_bytes_and_keep_rounding_in_the_residual() -
     assert r.abs().max() > 0   # fp16 rounding error stays in r at the selected entries
 
 
-# ---- §3.1 reconstruction and §6 conservation --------------------------------------------------------------
+# ---- reconstruction and conservation --------------------------------------------------------------
 @pytest.mark.parametrize("name", EXTERNAL_EF)
 @pytest.mark.parametrize("aliased", [True, False])
 def test_decode_plus_residual_is_input_bitwise(name: str, aliased: bool) -> None:
@@ -192,7 +192,7 @@ def test_error_feedback_conservation_over_steps(name: str) -> None:
     assert torch.allclose(lhs, total_g, rtol=1e-10, atol=1e-10 * float(total_g.abs().max()))
 
 
-# ---- §3.2 Top-k ---------------------------------------------------------------------------------------
+# ---- Top-k ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("n", [5000, 100000])
 @pytest.mark.parametrize("algorithm", ["auto", "topk", "kthvalue", "sort"])
 def test_topk_equals_sort_reference_on_distinct_magnitudes(n: int, algorithm: str) -> None:
@@ -274,7 +274,7 @@ def test_exact_topk_survives_a_bad_sample() -> None:
     assert torch.equal(idx, sel.topk_sort(y.abs(), 2000))
 
 
-# ---- §3.3 Random-k ------------------------------------------------------------------------------------
+# ---- Random-k ------------------------------------------------------------------------------------
 def test_randomk_same_indices_on_every_rank_and_new_ones_each_step() -> None:
     comp = make("randomk")
     plan = comp.plan(10007, 10)
@@ -339,7 +339,7 @@ def test_randomk_rescale_is_unbiased_and_plain_delta_is_one_over_theta() -> None
     assert abs(sum(deltas) / steps - 1 / 8) < 0.02
 
 
-# ---- §3.4 DGC -----------------------------------------------------------------------------------------
+# ---- DGC -----------------------------------------------------------------------------------------
 def test_dgc_commit_masks_exactly_the_real_selected_indices() -> None:
     comp = make("dgc")
     ctx = ctx_for()
@@ -494,7 +494,7 @@ def _single_bucket(n: int) -> Bucket:
     return bucket
 
 
-# ---- §3.5 RedSync, §3.6 SIDCo, §3.7 threshold/GradDrop ----------------------------------------------------
+# ---- RedSync, SIDCo, threshold/GradDrop ----------------------------------------------------
 def test_redsync_deterministic_and_early_stop_band() -> None:
     a = laplace(100000, seed=12).abs()
     stops = 0
@@ -571,7 +571,7 @@ def test_approx_multilevel_subset_of_stage_one(name: str) -> None:
         assert all(torch.equal(after[k], state[k]) for k in ("u", "v"))
 
 
-# ---- §8.3 determinism, §8.5 edge inputs, §8.6 state -------------------------------------------------------
+# ---- determinism, edge inputs, state -------------------------------------------------------
 @pytest.mark.parametrize("name", ALL)
 def test_deterministic_given_seed_and_inputs(name: str) -> None:
     x = laplace(100000, seed=31)
