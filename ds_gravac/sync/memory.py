@@ -71,9 +71,11 @@ class BucketMemory:
         return {name: self.views(buf)[i] for name, buf in self.slots.items()}
 
     # ---- the step's transaction ---------------------------------------------------------------------------
-    def stage(self, compressor: Compressor, ctxs: Sequence[CompressCtx], error_feedback: bool
-              ) -> list[torch.Tensor]:
-        """Write every member's input ``x`` into the scratch; returns the per-member flat views of ``x``."""
+    def stage(self, compressor: Compressor, ctxs: Sequence[CompressCtx], error_feedback: bool,
+              squares: Optional[list[torch.Tensor]] = None) -> list[torch.Tensor]:
+        """Write every member's input ``x`` into the scratch; returns the per-member flat views of ``x``. With
+        ``squares``, each member's ``‖x‖²`` is appended right after it was written, while ``x`` is still in cache
+        (a separate pass over the bucket afterwards reads it from memory again)."""
         xs = self.views(self.scratch)
         for i, m in enumerate(self.members):
             g, x = m.param.grad, xs[i]
@@ -85,6 +87,8 @@ class BucketMemory:
                 torch.add(r.view(g.shape), g.detach(), out=x.view(g.shape))    # any layout, one pass
             else:
                 x.view(g.shape).copy_(g.detach())
+            if squares is not None:
+                squares.append(torch.dot(x, x))
         return xs
 
     def commit_compressed(self, compressor: Compressor, payloads: Sequence[Payload],

@@ -188,10 +188,11 @@ class Synchronizer:
         mem.release_gradients()
         for ctx in ctxs:
             ctx.step = plan.step
-        xs = mem.stage(self.comp, ctxs, self.config.error_feedback)
+        norms: list[torch.Tensor] = []
+        xs = mem.stage(self.comp, ctxs, self.config.error_feedback, squares=norms)
         for ctx, x in zip(ctxs, xs):
             ctx.residual = x
-        squares = torch.stack([torch.dot(x, x) for x in xs]).double()
+        squares = torch.stack(norms).double()
         den = float(squares.sum())
         if not math.isfinite(den):
             self._mark_nonfinite([m for m, sq in zip(codec.bucket.members, squares.tolist()) if not math.isfinite(sq)])
