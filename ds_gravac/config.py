@@ -1,4 +1,4 @@
-"""Pydantic models of the top-level ``"gravac"`` section of the DeepSpeed config (architecture.md §9).
+"""Pydantic models of the top-level ``"gravac"`` section of the DeepSpeed config (every key: docs/configuration.md).
 
 Strict like DeepSpeed's own sections: unknown keys are errors, defaults are validated, ``"auto"`` means "not set"
 (Hugging Face configs use it). Types are strict as well: ``"cf": "10"``, ``"enabled": "false"`` or ``"cf": true``
@@ -20,7 +20,8 @@ class StrictModel(BaseModel):
     """Mirror of DeepSpeed's ``DeepSpeedConfigModel`` settings."""
 
     model_config = ConfigDict(extra="forbid", validate_default=True, validate_assignment=True,
-                              populate_by_name=True, use_enum_values=True, strict=True)
+                              populate_by_name=True, use_enum_values=True, strict=True,
+                              allow_inf_nan=False)   # "cf": Infinity or NaN would pass every bound check
 
 
 class CompressorSpec(StrictModel):
@@ -160,6 +161,30 @@ class GravacConfig(StrictModel):
 
     def config_hash(self) -> int:
         return stable_hash(json.dumps(self.normalized(), sort_keys=True))
+
+
+def unavailable_settings(config: GravacConfig) -> list[str]:
+    """Settings the schema accepts but this version cannot honour, one message each (key, value, what to use).
+
+    They are refused at attach rather than silently ignored: a user who sets them expects them to act."""
+    out = []
+    if config.selection == "cost_model":
+        out.append("selection 'cost_model': the cost-model planner is not available in this version; use "
+                   "'threshold' with min_compress_numel")
+    if config.decision_source == "rank0":
+        out.append("decision_source 'rank0': not available in this version; the default 'allreduce' already gives "
+                   "every rank identical decisions")
+    if "cost_model" in config.model_fields_set and config.cost_model.model_fields_set:
+        keys = ", ".join(f"cost_model.{k}" for k in sorted(config.cost_model.model_fields_set))
+        out.append(f"{keys}: only used by the cost-model planner, which is not available in this version; remove "
+                   f"the cost_model section")
+    if "quantized_exchange" in config.model_fields_set:
+        out.append(f"quantized_exchange '{config.quantized_exchange}': no quantizing compressor is available in "
+                   f"this version (the key takes effect with the quantization family); remove it")
+    if not config.telemetry.timing:
+        out.append("telemetry.timing false: timing cannot be switched off (GraVAC's controller and the step records "
+                   "need it); remove the key")
+    return out
 
 
 def _drop_auto(value: Any) -> Any:

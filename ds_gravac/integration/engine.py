@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from ..adapt import Controller, ControllerContext, build_controller
 from ..compress.base import Compressor, Kind
 from ..compress.registry import lookup
-from ..config import GravacConfig, parse_config
+from ..config import GravacConfig, parse_config, unavailable_settings
 from ..errors import GravacConfigError, GravacUnsupportedError
 from ..sync.buckets import classify
 from ..sync.collectives import Channels
@@ -33,22 +33,19 @@ def _version() -> str:
     return __version__
 
 
-NOT_YET = {"selection": ("cost_model", "the cost-model planner is not implemented yet; "
-                                      "use selection 'threshold' with min_compress_numel"),
-           "decision_source": ("rank0", "rank-0 decision broadcast is not implemented yet; the default 'allreduce' "
-                                        "already gives every rank identical decisions")}
-
-
 def reject_unimplemented(config: GravacConfig) -> None:
     """Settings the schema accepts but this version cannot honour fail loudly instead of being ignored."""
-    for key, (value, why) in NOT_YET.items():
-        if getattr(config, key) == value:
-            raise GravacUnsupportedError(f"ds_gravac: {key} '{value}': {why}")
+    problems = unavailable_settings(config)
+    if problems:
+        raise GravacUnsupportedError("ds_gravac: not available in this version: " + "; ".join(problems))
 
 
 def build_compressor(config: GravacConfig) -> Compressor:
     """Look up the compressor and validate its parameters (after plug-ins registered)."""
-    cls = lookup(config.compressor.type)
+    try:
+        cls = lookup(config.compressor.type)
+    except GravacConfigError as exc:
+        raise GravacConfigError(f'{exc} (key "compressor.type")') from None
     try:
         params = cls.Params.model_validate(config.compressor.params)
     except ValidationError as exc:
