@@ -42,9 +42,11 @@ class Kind(str, enum.Enum):
 
 
 class CompressorParams(BaseModel):
-    """Base of every compressor's parameter model: unknown keys are errors, as in DeepSpeed's sections."""
+    """Base of every compressor's parameter model: unknown keys are errors, as in DeepSpeed's sections, and types
+    are strict like the rest of the ``"gravac"`` section (``"momentum": "0.9"`` or ``Infinity`` are refused)."""
 
-    model_config = ConfigDict(extra="forbid", validate_default=True, validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_default=True, validate_assignment=True, strict=True,
+                              allow_inf_nan=False)
 
 
 @dataclass(frozen=True)

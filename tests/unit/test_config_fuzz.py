@@ -173,8 +173,24 @@ null_or_empty = st.sampled_from([leaf for leaf in LEAVES if not _base(leaf.annot
 crossed = st.sampled_from(CROSSED).map(lambda c: Case("crossed", {**VALID_BASE, **c[0]}, c[1]))
 wrong_type = _leaf_case("wrong_type", wrong_values)
 ranged = _leaf_case("out_of_range", out_of_range)
+def _param_cases() -> list[Case]:
+    """Wrong types and out-of-range values of every built-in compressor's own parameters."""
+    from ds_gravac.compress.registry import BUILTINS, lookup
+    out = []
+    for name in sorted(BUILTINS):
+        for leaf in _leaves(lookup(name).Params):
+            for value in wrong_values(leaf) + out_of_range(leaf):
+                out.append(Case("compressor_params", {**VALID_BASE, "min_compress_numel": 0,
+                                                      "compressor": {"type": name, "params": {leaf.path[-1]: value}}},
+                                leaf.path[-1]))
+    return out
+
+
+PARAM_CASES = _param_cases()
+compressor_params = st.sampled_from(PARAM_CASES)
 whole_section = st.sampled_from([[], "gravac", 3, True]).map(lambda v: Case("whole_section", v, "gravac"))
-CASES = st.one_of(wrong_type, ranged, crossed, unknown_key, nesting, null_or_empty, whole_section)
+CASES = st.one_of(wrong_type, ranged, crossed, unknown_key, nesting, null_or_empty, whole_section,
+                  compressor_params)
 
 
 def validate_as_attach(section: Any) -> None:
@@ -184,7 +200,7 @@ def validate_as_attach(section: Any) -> None:
 def test_generated_malformed_sections_are_refused_by_name() -> None:
     counts: collections.Counter[str] = collections.Counter()
 
-    @settings(max_examples=700, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=800, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     @given(case=CASES)
     def check(case: Case) -> None:
         counts[case.category] += 1
@@ -195,7 +211,7 @@ def test_generated_malformed_sections_are_refused_by_name() -> None:
     check()
     total = sum(counts.values())
     print(f"\n[config fuzz] {total} malformed sections, all refused naming the key: {dict(sorted(counts.items()))}")
-    assert total >= 500 and len(counts) == 7, counts
+    assert total >= 500 and len(counts) == 8, counts
 
 
 def test_fuzz_strategies_are_not_vacuous() -> None:
