@@ -39,6 +39,7 @@ from .exchange import DenseAllReduce, Exchange, payload_exchange
 from .hooks import HookManager
 from .host_memory import release_freed_host_memory
 from .memory import ErrorFeedbackMemory, flat_fp32, write_grads
+from .nonfinite import nonfinite_message, resend_raw
 from .planner import Planner
 from .reduce_rule import ReduceRule
 from .statistics import StepStatistics
@@ -329,31 +330,14 @@ class Synchronizer:
         for ex in run.exchanges.values():                 # issued on every rank: let them finish
             ex.wait_all()
         comm_wait = time.perf_counter() - t1
+        message = nonfinite_message(agreed, self.members, self.config.nonfinite)
         if self.config.nonfinite == "raise":
-            raise GravacError(self._nonfinite_message(agreed))
-        logger.warning("ds_gravac: %s; sent dense, ds_gravac state unchanged", self._nonfinite_message(agreed))
-        resend = {}
-        for bucket in self.plan.buckets:
-            if bucket.compressible:      # dense-classified buckets already carried the raw gradients
-                ex = DenseAllReduce(self.rule, self.world_size, f"bucket {bucket.index} (dense, non-finite step)",
-                                    tensors=[m.param.grad for m in bucket.members])
-                ex.launch(self.channels.data_channels)
-                run.stats.bytes_sent += ex.bytes_sent
-                run.stats.values_sent += bucket.numel
-                resend[bucket.index] = ex
-        t2 = time.perf_counter()
-        for bucket in self.plan.buckets:
-            ex = resend.get(bucket.index, run.exchanges[bucket.index])
-            comm_wait += ex.wait(ex.rounds - 1)
-            ex.result(None, 1.0)
-            ex.write_back([m.param.grad for m in bucket.members])
-        return {"comm_wait_s": comm_wait, "decompress_s": 0.0, "writeback_s": time.perf_counter() - t2}
-
-    def _nonfinite_message(self, agreed: AgreedStats) -> str:
-        firsts = [int(v) for v in agreed.nonfinite_first]
-        where = ", ".join(f"rank {r}: '{self.members[i].name}'" for r, i in enumerate(firsts) if i >= 0)
-        return (f"ds_gravac: non-finite gradient (NaN/Inf) at step {agreed.step} ({where}; nonfinite is "
-                f"'{self.config.nonfinite}')")
+            raise GravacError(message)
+        logger.warning("%s; sent dense, ds_gravac state unchanged", message)
+        timings = resend_raw(self.plan.buckets, run.exchanges, self.rule, self.world_size,
+                             self.channels.data_channels, run.stats)
+        timings["comm_wait_s"] += comm_wait
+        return timings
 
     def _resolve_strict(self) -> AgreedStats:
         """Strict decision: blocking statistics exchange, resolve the branch, then send in plan order."""
