@@ -89,7 +89,9 @@ def main() -> None:
     gathered: list = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(gathered, report)
     if rank == 0:
+        curve = {s: round(1e3 * statistics.median(times[s - 100:s]), 2) for s in range(100, args.steps + 1, 100)}
         result = {"ranks": gathered, "rss_curve_mb": {k: round(v / 2**20, 2) for k, v in rss.items()},
+                  "step_ms_median_per_100": curve,
                   "branch_at_cf": levels}
         print("[soak] " + json.dumps(result["ranks"]))
         if args.out:

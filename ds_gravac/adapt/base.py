@@ -5,6 +5,7 @@ so every rank takes the same branch and launches the same collectives.
 """
 from __future__ import annotations
 
+import collections
 import enum
 import json
 import math
@@ -78,6 +79,9 @@ class ControllerContext:
     rank: int = 0
 
 
+EVENTS_KEPT = 256     # controller events kept for pop_events(); older ones are dropped (bounded memory)
+
+
 class Controller:
     """Base controller: static decisions, no stats needed. Subclasses override what they use."""
 
@@ -86,7 +90,7 @@ class Controller:
     def __init__(self, config: Any) -> None:
         self.config = config
         self.ctx: Optional[ControllerContext] = None
-        self._events: list[dict[str, Any]] = []
+        self._events: collections.deque[dict[str, Any]] = collections.deque(maxlen=EVENTS_KEPT)
 
     def bind(self, ctx: ControllerContext) -> None:
         self.ctx = ctx
@@ -137,7 +141,8 @@ class Controller:
         self._events.append({"step": step, "event": kind, **fields})
 
     def pop_events(self) -> list[dict[str, Any]]:
-        events, self._events = self._events, []
+        events = list(self._events)
+        self._events.clear()
         return events
 
     def state_dict(self) -> dict[str, Any]:

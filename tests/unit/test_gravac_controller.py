@@ -472,3 +472,14 @@ def test_every_controller_field_restores() -> None:
     b.load_state_dict(state)
     assert b.state_dict() == state and b.i0 == 4
     assert isinstance(b.decide(12, 0.1), StepDecision)
+
+
+def test_controller_events_are_bounded_without_pop() -> None:
+    """Events accumulate only up to EVENTS_KEPT when nobody pops them (a long run must not grow memory)."""
+    from ds_gravac.adapt.base import EVENTS_KEPT, Controller
+    ctrl = Controller(parse_config({"mode": "static"}))
+    for step in range(EVENTS_KEPT + 500):
+        ctrl.log_event(step, "boundary")
+    events = ctrl.pop_events()
+    assert len(events) == EVENTS_KEPT and events[-1]["step"] == EVENTS_KEPT + 499
+    assert ctrl.pop_events() == []
