@@ -37,7 +37,7 @@ def reject_unimplemented(config: GravacConfig) -> None:
     """Settings the schema accepts but this version cannot honour fail loudly instead of being ignored."""
     problems = unavailable_settings(config)
     if problems:
-        raise GravacUnsupportedError("ds_gravac: not available in this version: " + "; ".join(problems))
+        raise GravacUnsupportedError("ds_gravac: " + "; ".join(problems))
 
 
 def build_compressor(config: GravacConfig) -> Compressor:
