@@ -131,13 +131,15 @@ class GravacHandle:
                                     f"itself, so every tensor must be compressed; set min_compress_numel to 0 "
                                     f"(dense: {', '.join(dense[:5])}{'...' if len(dense) > 5 else ''})")
         opt = getattr(self.engine, "basic_optimizer", None) or self.engine.optimizer
+        local_wd = bool(getattr(getattr(self.compressor, "params", None), "local_weight_decay", True))
+        moved = ("momentum", "weight_decay") if local_wd else ("momentum",)   # else the optimizer keeps its decay
         for group in opt.param_groups:
-            for key in ("momentum", "weight_decay"):
+            for key in moved:
                 if key in group:
                     self._moved_hyperparams.append((group, key, group[key]))
                     group[key] = 0.0
-        logger.info("ds_gravac: optimizer momentum and weight_decay set to 0; '%s' applies them",
-                    self.config.compressor.type)
+        logger.info("ds_gravac: optimizer %s set to 0; '%s' applies %s", " and ".join(moved),
+                    self.config.compressor.type, "them" if len(moved) > 1 else "it")
 
     def _on_record(self, rec: dict[str, Any]) -> None:
         if self._sink is not None and self.config.log_interval and rec["step"] % self.config.log_interval == 0:

@@ -53,3 +53,24 @@ def test_dgc_dense_steps_match_deepspeed_sgd(keep: bool, masking: bool, momentum
     for res in got:
         assert _rel_err(res, want, start) < 1e-5
         assert _rel_err(res, other, start) > 1e-2     # the two references really differ over these steps
+
+
+def _optimizer_job(rank: int, world: int, local_wd: bool) -> dict:
+    import ds_gravac
+    model = M.make_model()
+    gravac = {"mode": "static", "cf": 10, "min_compress_numel": 0,
+              "compressor": {"type": "dgc", "params": {"momentum": 0.9, "local_weight_decay": local_wd}}}
+    engine, *_ = ds_gravac.initialize(model=model, model_parameters=model.parameters(), config=M.ds_config(gravac))
+    group = engine.optimizer.param_groups[0]
+    attached = (group["momentum"], group["weight_decay"])
+    ds_gravac.detach(engine)
+    return {"attached": attached, "detached": (group["momentum"], group["weight_decay"])}
+
+
+@pytest.mark.parametrize("local_wd", [True, False])
+def test_weight_decay_stays_with_the_optimizer_unless_dgc_applies_it(local_wd: bool) -> None:
+    """DGC always takes the momentum; the weight decay only with ``local_weight_decay`` (otherwise the optimizer
+    keeps applying it — it used to be zeroed either way, so the run had no weight decay at all)."""
+    for res in run_ranks(_optimizer_job, 2, local_wd):
+        assert res["attached"] == (0.0, 0.0 if local_wd else 1e-4)
+        assert res["detached"] == (0.9, 1e-4)
