@@ -70,6 +70,14 @@ class TelemetryConfig(StrictModel):
     jsonl: Optional[str] = None
     wandb: bool = True
 
+    @field_validator("jsonl")
+    @classmethod
+    def _jsonl_path(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not v.strip():    # "" would silently write no file at all
+            raise ValueError(f"telemetry.jsonl {v!r} is no path; give a file path (with {{rank}} for one file per "
+                             f"rank) or null for no file")
+        return v
+
 
 class CheckpointConfig(StrictModel):
     per_rank_files: bool = True
@@ -175,7 +183,8 @@ def unavailable_settings(config: GravacConfig) -> list[str]:
         out.append("decision_source 'rank0': not available in this version; the default 'allreduce' already gives "
                    "every rank identical decisions")
     if "cost_model" in config.model_fields_set and config.cost_model.model_fields_set:
-        keys = ", ".join(f"cost_model.{k}" for k in sorted(config.cost_model.model_fields_set))
+        keys = ", ".join(f"cost_model.{k} {json.dumps(getattr(config.cost_model, k))}"
+                         for k in sorted(config.cost_model.model_fields_set))
         out.append(f"{keys}: only used by the cost-model planner, which is not available in this version; remove "
                    f"the cost_model section")
     if "quantized_exchange" in config.model_fields_set:
@@ -205,4 +214,12 @@ def parse_config(section: Union[Mapping[str, Any], GravacConfig, None]) -> Grava
     try:
         return GravacConfig.model_validate(_drop_auto(dict(section)))
     except ValidationError as exc:
-        raise GravacConfigError(f'ds_gravac: invalid "gravac" config: {exc}') from None
+        raise GravacConfigError(f'ds_gravac: invalid "gravac" config: {_keys_of(exc)}{exc}') from None
+
+
+def _keys_of(exc: ValidationError) -> str:
+    """``"key a.b, c: "`` naming every key pydantic located an error at (its own text prints an empty key as
+    nothing; here it is ``''``). Errors of cross-key rules have no location and name their keys themselves."""
+    keys = dict.fromkeys(".".join(repr(p) if p == "" else str(p) for p in err["loc"])
+                         for err in exc.errors() if err["loc"])
+    return f"key {', '.join(keys)}: " if keys else ""

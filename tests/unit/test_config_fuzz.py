@@ -75,7 +75,7 @@ def wrong_values(leaf: Leaf) -> list[Any]:
     kind = _kind(leaf.annotation)
     pool: dict[str, list[Any]] = {
         "bool": ["true", "false", 1, 0, 1.0, [], {}],
-        "int": ["10", 10.5, True, [1], {"v": 1}],
+        "int": ["10", 10.5, 10.0, True, [1], {"v": 1}],
         "float": ["10", "1e3", True, False, [1.0], {"v": 1.0}],
         "str": [10, 1.5, True, ["topk"], {"x": 1}],
         "literal": [1, 2.5, True, "", "nonsense", ["x"], {"x": 1}],
@@ -155,8 +155,18 @@ def _leaf_case(category: str, values_of: Any) -> st.SearchStrategy[Case]:
             lambda v: Case(category, _set(VALID_BASE, leaf.path, v), leaf.path[-1])))
 
 
-_unknown_names = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_", min_size=3, max_size=12).filter(
-    lambda s: s not in {leaf.path[-1] for leaf in LEAVES} | {p for sec in SECTIONS for p in sec} and s != "auto")
+KNOWN_NAMES = {leaf.path[-1] for leaf in LEAVES} | {p for sec in SECTIONS for p in sec}
+
+
+def _misspellings(name: str) -> list[str]:
+    """Typos of a real key that a lenient parser might map onto it: case, dashes, no underscores, spaces."""
+    return [name.upper(), name.capitalize(), name.replace("_", "-"), name.replace("_", ""), name + " ", " " + name]
+
+
+_unknown_names = st.one_of(
+    st.text(alphabet="abcdefghijklmnopqrstuvwxyz_", min_size=3, max_size=12),
+    st.sampled_from(sorted(KNOWN_NAMES)).flatmap(lambda n: st.sampled_from(_misspellings(n))),
+).filter(lambda s: s not in KNOWN_NAMES and s != "auto")
 
 unknown_key = st.tuples(st.sampled_from(SECTIONS), _unknown_names, st.sampled_from([1, "x", None, {}, [1]])).map(
     lambda t: Case("unknown_key", _set(VALID_BASE, t[0] + (t[1],), t[2]), t[1]))
@@ -166,10 +176,19 @@ nesting = st.one_of(
     st.sampled_from([leaf for leaf in LEAVES if _kind(leaf.annotation) not in ("dict", "list")]).map(
         lambda leaf: Case("nesting", _set(VALID_BASE, leaf.path, {"value": 1}), leaf.path[-1])),
 )
-null_or_empty = st.sampled_from([leaf for leaf in LEAVES if not _base(leaf.annotation)[1]]).flatmap(
-    lambda leaf: st.sampled_from([None, "", [], {}]).filter(
-        lambda v: not (v == {} and _kind(leaf.annotation) == "dict")).map(
+
+
+def _empties(leaf: Leaf) -> list[Any]:
+    """null where the key is not Optional; empty or blank strings, lists and objects where they mean nothing."""
+    kind, optional = _kind(leaf.annotation), _base(leaf.annotation)[1]
+    values: list[Any] = ["", "  "] + ([] if optional else [None, [], {}])
+    return [v for v in values if not (v == {} and kind == "dict")]
+
+
+null_or_empty = st.sampled_from(LEAVES).flatmap(
+    lambda leaf: st.sampled_from(_empties(leaf)).map(
         lambda v: Case("null_or_empty", _set(VALID_BASE, leaf.path, v), leaf.path[-1])))
+empty_key = st.sampled_from(SECTIONS).map(lambda sec: Case("unknown_key", _set(VALID_BASE, sec + ("",), 1), "''"))
 crossed = st.sampled_from(CROSSED).map(lambda c: Case("crossed", {**VALID_BASE, **c[0]}, c[1]))
 wrong_type = _leaf_case("wrong_type", wrong_values)
 ranged = _leaf_case("out_of_range", out_of_range)
@@ -189,7 +208,7 @@ def _param_cases() -> list[Case]:
 PARAM_CASES = _param_cases()
 compressor_params = st.sampled_from(PARAM_CASES)
 whole_section = st.sampled_from([[], "gravac", 3, True]).map(lambda v: Case("whole_section", v, "gravac"))
-CASES = st.one_of(wrong_type, ranged, crossed, unknown_key, nesting, null_or_empty, whole_section,
+CASES = st.one_of(wrong_type, ranged, crossed, unknown_key, empty_key, nesting, null_or_empty, whole_section,
                   compressor_params)
 
 
@@ -222,32 +241,67 @@ def test_fuzz_strategies_are_not_vacuous() -> None:
     assert len(RANGED) >= 15
 
 
-@pytest.mark.parametrize("section, key", [
-    ({"selection": "cost_model"}, "selection 'cost_model'"),
-    ({"decision_source": "rank0"}, "decision_source 'rank0'"),
-    ({"cost_model": {"margin": 0.5}}, "cost_model.margin"),
-    ({"cost_model": {"calibrate": True, "probe_repeats": 3}}, "cost_model.calibrate, cost_model.probe_repeats"),
-    ({"quantized_exchange": "allgather"}, "quantized_exchange 'allgather'"),
-    ({"quantized_exchange": "ps"}, "quantized_exchange 'ps'"),
-    ({"telemetry": {"timing": False}}, "telemetry.timing false"),
-])
-def test_settings_without_effect_are_refused(section: dict[str, Any], key: str) -> None:
+UNAVAILABLE: list[tuple[dict[str, Any], str, str]] = [      # (section, key and value, what to do instead)
+    ({"selection": "cost_model"}, "selection 'cost_model'", "use 'threshold' with min_compress_numel"),
+    ({"decision_source": "rank0"}, "decision_source 'rank0'", "the default 'allreduce'"),
+    ({"cost_model": {"margin": 0.5}}, "cost_model.margin 0.5", "remove the cost_model section"),
+    ({"cost_model": {"calibrate": True, "probe_repeats": 3}}, "cost_model.calibrate true, cost_model.probe_repeats 3",
+     "remove the cost_model section"),
+    ({"quantized_exchange": "allgather"}, "quantized_exchange 'allgather'", "remove it"),
+    ({"quantized_exchange": "ps"}, "quantized_exchange 'ps'", "remove it"),
+    ({"telemetry": {"timing": False}}, "telemetry.timing false", "remove the key"),
+]
+
+
+@pytest.mark.parametrize("section, key, instead", UNAVAILABLE, ids=[u[1] for u in UNAVAILABLE])
+def test_settings_without_effect_are_refused(section: dict[str, Any], key: str, instead: str) -> None:
+    """A key that is accepted but does nothing would let a run silently differ from what its config says."""
     config = parse_config({**VALID_BASE, **section})
     with pytest.raises(GravacUnsupportedError, match="not available in this version") as info:
         reject_unimplemented(config)
-    assert key in str(info.value)
+    assert key in str(info.value) and instead in str(info.value), str(info.value)
+
+
+def test_all_unavailable_settings_are_reported_together() -> None:
+    """One attach names every such key, so fixing a config takes one round trip, not five."""
+    section: dict[str, Any] = {**VALID_BASE, "selection": "cost_model", "decision_source": "rank0",
+                               "cost_model": {"margin": 0.5}, "quantized_exchange": "ps",
+                               "telemetry": {"timing": False}}
+    with pytest.raises(GravacUnsupportedError) as info:
+        reject_unimplemented(parse_config(section))
+    for key in ("selection", "decision_source", "cost_model.margin", "quantized_exchange", "telemetry.timing"):
+        assert key in str(info.value), key
+    assert len(unavailable_settings(parse_config(section))) == 5
+
+
+@pytest.mark.parametrize("section, key", [
+    ({"telemetry": {"jsonl": ""}}, "jsonl"),          # found by the fuzz: was accepted and wrote no file
+    ({"telemetry": {"jsonl": "   "}}, "jsonl"),
+    ({"": 1}, "''"),                                  # found by the fuzz: the message named no key
+    ({"accordion": {"": 1}}, "accordion.''"),
+    ({"quantized_exchange": "auto", "ewma_alpha": 0.0}, "ewma_alpha"),   # "auto" is dropped, the rest still checked
+])
+def test_edge_cases_name_their_key(section: dict[str, Any], key: str) -> None:
+    """Pinned versions of cases the random fuzz may not draw in a given run."""
+    with pytest.raises(GravacConfigError) as info:
+        parse_config({**VALID_BASE, **section})
+    assert key in str(info.value), str(info.value)
 
 
 @pytest.mark.parametrize("section", [{}, VALID_BASE, {"cost_model": {}}, {"telemetry": {"timing": True}},
+                                     {"quantized_exchange": "auto"}, {"cost_model": {"margin": "auto"}},
                                      {"selection": "threshold", "decision_source": "allreduce"}])
 def test_defaults_and_effective_settings_pass(section: dict[str, Any]) -> None:
     assert unavailable_settings(parse_config(section)) == []
 
 
 def test_shipped_configs_use_only_available_settings() -> None:
+    """Every ds_configs/*.json "gravac" section still attaches: none sets a key refused above."""
     import json
     from pathlib import Path
-    root = Path(__file__).resolve().parents[2] / "ds_configs"
-    for path in sorted(root.glob("*.json")):
-        section = json.loads(path.read_text()).get("gravac")
-        assert unavailable_settings(parse_config(section)) == [], path.name
+    paths = sorted((Path(__file__).resolve().parents[2] / "ds_configs").glob("*.json"))
+    assert len(paths) >= 10
+    for path in paths:
+        config = parse_config(json.loads(path.read_text()).get("gravac"))
+        reject_unimplemented(config)
+        build_compressor(config)
