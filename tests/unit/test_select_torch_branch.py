@@ -25,10 +25,18 @@ def inputs() -> list[tuple[str, torch.Tensor]]:
         out.append((f"ties{n}", torch.randint(-3, 4, (n,), generator=gen).float()))
     out.append(("zeros", torch.zeros(5000)))
     out.append(("negative", -torch.rand(5000, generator=gen) - 1.0))
+    for n in (1000, sel.SMALL_N + 5):                       # fp64 gradients take the same kernels
+        out.append((f"float64_{n}", torch.randn(n, generator=gen, dtype=torch.float64)))
     return out
 
 
 CASES = inputs()
+
+
+def torch_only(m: pytest.MonkeyPatch) -> None:
+    """Force the torch branch; numpy is also hidden, so a numpy call outside the switch would fail loudly."""
+    m.setattr(sel, "on_numpy", lambda t: False)
+    m.setattr(sel, "_np", None)
 
 
 def both(fn: Callable[..., Any], *args: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any]:
@@ -37,7 +45,7 @@ def both(fn: Callable[..., Any], *args: Any, monkeypatch: pytest.MonkeyPatch) ->
         return [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
     first = fn(*fresh())
     with monkeypatch.context() as m:
-        m.setattr(sel, "on_numpy", lambda t: False)
+        torch_only(m)
         second = fn(*fresh())
     return first, second
 
@@ -45,6 +53,14 @@ def both(fn: Callable[..., Any], *args: Any, monkeypatch: pytest.MonkeyPatch) ->
 def reference_topk(a: torch.Tensor, k: int) -> torch.Tensor:
     """Canonical top-k of magnitudes ``a`` (ties: lowest position first), by a float64 stable sort."""
     return torch.sort(a.double(), descending=True, stable=True).indices[:k].sort().values
+
+
+def check_against_torch_topk(a: torch.Tensor, k: int, expected: torch.Tensor) -> None:
+    """The reference itself against ``torch.topk``: same value multiset, and same positions without ties."""
+    top = torch.topk(a, k)
+    assert torch.equal(a[expected].sort().values, top.values.sort().values), k
+    if int((a == top.values.min()).sum()) == 1:             # no tie at the k-th value: the set is unique
+        assert torch.equal(top.indices.sort().values, expected), k
 
 
 def ks(n: int) -> list[int]:
@@ -56,6 +72,7 @@ def test_exact_selection(name: str, x: torch.Tensor, monkeypatch: pytest.MonkeyP
     a = x.abs()
     for k in ks(x.numel()):
         expected = reference_topk(a, k)
+        check_against_torch_topk(a, k, expected)
         for fn in (sel.topk_among, sel.topk_torch, sel.topk_kthvalue, sel.topk_sort):
             got_np, got_torch = both(fn, a, k, monkeypatch=monkeypatch)
             assert torch.equal(got_torch.long(), expected), (fn.__name__, k)
@@ -70,7 +87,7 @@ def test_exact_selection(name: str, x: torch.Tensor, monkeypatch: pytest.MonkeyP
             gen2 = None if gen_seed is None else torch.Generator().manual_seed(gen_seed)
             idx_np, val_np = sel.exact_topk(x.clone(), k, gen)
             with monkeypatch.context() as m:
-                m.setattr(sel, "on_numpy", lambda t: False)
+                torch_only(m)
                 idx_t, val_t = sel.exact_topk(x.clone(), k, gen2)
             assert torch.equal(idx_t.long(), expected) and torch.equal(idx_np.long(), expected), (k, gen_seed)
             assert torch.equal(val_t, x[expected]) and torch.equal(val_np, x[expected])
@@ -112,7 +129,7 @@ def test_payload_writers(val_dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
             iv, vv = torch.full((cap,), -1, dtype=torch.int32), torch.full((cap,), 7.0, dtype=val_dtype)
             with monkeypatch.context() as m:
                 if not numpy_on:
-                    m.setattr(sel, "on_numpy", lambda t: False)
+                    torch_only(m)
                 assert sel.write_entries(iv, vv, idx, vals) == 4
                 assert sel.real_count(iv, vv) == 4
             outs.append((iv, vv))
@@ -126,7 +143,7 @@ def test_payload_writers(val_dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
             iv, vv = torch.full((cap,), -1, dtype=torch.int32), torch.full((cap,), 7.0, dtype=val_dtype)
             with monkeypatch.context() as m:
                 if not numpy_on:
-                    m.setattr(sel, "on_numpy", lambda t: False)
+                    torch_only(m)
                 assert sel.write_gathered(iv, vv, idx, vals.to(val_dtype), pos) == 3
             outs.append((iv, vv))
         assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
@@ -150,3 +167,36 @@ def test_nan_counts_as_largest_in_both_branches(monkeypatch: pytest.MonkeyPatch)
         got_np, got_t = both(sel.topk_among, a, k, monkeypatch=monkeypatch)
         assert torch.equal(got_np.long(), got_t.long())
         assert 1 in got_t.tolist()                           # the NaN position is always selected
+
+
+@pytest.mark.parametrize("name, x", CASES, ids=[c[0] for c in CASES])
+def test_threshold_searches(name: str, x: torch.Tensor, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DGC, RedSync and SIDCo thresholds reach the branches through count_ge, kth_largest and exceedances; the
+    returned counts are checked against a direct count, so both branches are also right, not only equal."""
+    a = x.abs()
+    n = a.numel()
+    sample = sel.sample_abs(x, sel.sample_size(n, max(1, n // 100)), torch.Generator().manual_seed(5))
+    for k in sorted({1, max(1, n // 100), max(1, n // 4)}):
+        for r in (1, max(1, sample.numel() // 3), sample.numel()):
+            l_np, l_t = both(sel.largest_at, sample, r, monkeypatch=monkeypatch)
+            assert l_np == l_t == float(sample.double().sort(descending=True).values[r - 1])
+        d_np, d_t = both(sel.dgc_threshold, a, k, sample, 1.3, 0.7, 10, monkeypatch=monkeypatch)
+        assert d_np == d_t and d_t[1] == int((a >= d_t[0]).sum()), (k, d_np, d_t)
+        r_np, r_t = both(sel.redsync_threshold, a, k, 0.2, 20, monkeypatch=monkeypatch)
+        assert r_np == r_t and r_t[1] == int((a > r_t[0]).sum()), (k, r_np, r_t)
+        ratios = sel.sidco_ratios(k / n, 0.25, 0.25, 3)
+        s_np, s_t = both(sel.sidco_threshold, a, ratios, k, monkeypatch=monkeypatch)
+        assert s_np == s_t, (k, s_np, s_t)
+
+
+def test_nan_safe_topk_both_branches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fallback used when the k-th value is NaN (nothing equals it): NaNs first, then the largest values."""
+    a = torch.tensor([0.5, float("nan"), 2.0, float("nan"), 1.0, 0.1])
+    for k, expected in ((1, None), (2, [1, 3]), (3, [1, 2, 3]), (4, [1, 2, 3, 4]), (6, list(range(6)))):
+        got_np, got_t = both(sel._nan_safe_topk, a, k, monkeypatch=monkeypatch)
+        for got in (got_np, got_t):
+            assert got.numel() == k and got.tolist() == sorted(got.tolist())
+            if expected is None:
+                assert got.tolist()[0] in (1, 3)
+            else:
+                assert got.tolist() == expected
