@@ -14,7 +14,10 @@ those objects and nothing copied:
     t_norm        Σ dot(x, x) per member (the gain denominator and the non-finite check of every step)
     t_compress    codec.encode at the sent level into the cached send layout (no probes)
     t_residual    codec.leave_memory (scratch → the memory left after sending) + memory.commit_compressed (slot
-                  swap; DGC: momentum update), also reported split as t_leave_memory / t_commit_memory
+                  swap; DGC: momentum update) + codec.commit_aggregate (low-rank: PowerSGD's E = X − G, the
+                  shared factors), also reported split as t_leave_memory / t_commit_memory / t_aggregate
+    t_round2      two-round patterns (PowerSGD): codec.next_round, the work between the rounds (orthogonalize
+                  the reduced P, project Xᵀ on it); rank 0's own P stands in for the reduced one
     t_decompress_n{2,4}
                   exchange.result(scratch, 1/N) of the compressor's exchange pattern (PayloadAllGather:
                   decode_rows of N rows; PayloadAllReduce: decode_sum of the summed payload, N-independent)
@@ -73,7 +76,8 @@ from ds_gravac.compress.registry import lookup, registered_names
 from ds_gravac.config import GravacConfig
 from ds_gravac.sync.buckets import BucketPlan, classify
 from ds_gravac.sync.codec import BucketCodec, SendLayout
-from ds_gravac.sync.exchange import Exchange, PayloadAllGather, PayloadAllReduce, payload_exchange
+from ds_gravac.sync.exchange import Exchange, PayloadAllGather, PayloadAllReduce, TwoRoundAllReduce, \
+    payload_exchange
 from ds_gravac.sync.memory import ErrorFeedbackMemory
 from ds_gravac.sync.planner import Planner
 from ds_gravac.sync.reduce_rule import ReduceRule
@@ -92,8 +96,10 @@ DECODE_NS = (2, 4)                   # world sizes whose decode is timed
 MEMORY_NS = (2, 8)                   # world sizes whose extra memory is reported
 SEARCH_SEND, SEARCH_PROBES = 10.0, (10.0, 20.0, 40.0, 160.0, 1000.0)   # a 5-level GraVAC search step
 TARGET_EXTRA_X = 2.0                 # Top-k with error feedback: at most two extra fp32 copies of the gradients
-STEP_KEYS = ("t_stage", "t_norm", "t_compress", "t_leave_memory", "t_commit_memory", "t_residual")
-PHASES = ("t_stage", "t_norm", "t_compress", "t_decompress_n2", "t_decompress_n4", "t_residual")
+STEP_KEYS = ("t_stage", "t_norm", "t_compress", "t_leave_memory", "t_commit_memory", "t_round2", "t_aggregate",
+             "t_residual")
+PHASES = ("t_stage", "t_norm", "t_compress", "t_round2", "t_decompress_n2", "t_decompress_n4", "t_residual")
+LOWRANK_RANKS = (1, 2, 4)
 
 
 # ---- statistics and timing ------------------------------------------------------------------------------
@@ -242,8 +248,12 @@ def reduce_rule(world_size: int) -> ReduceRule:
 
 
 def fresh_compressor(comp: Compressor) -> Compressor:
-    """Another instance with the same parameters (every rank has its own compressor object)."""
-    return type(comp)(comp.params.model_copy())
+    """Another instance with the same parameters and levels (every rank has its own compressor object)."""
+    other = type(comp)(comp.params.model_copy())
+    if hasattr(comp, "bound"):       # low-rank: the same level kind and factor width
+        other.bind_levels(comp.level_kind, comp.bound)
+    other.phase = comp.phase
+    return other
 
 
 class Rank:
@@ -298,9 +308,18 @@ class Rank:
             t4 = time.perf_counter()
             mem.commit_compressed(self.comp, lay.payloads, ctxs)
             t5 = time.perf_counter()
-            for key, dt in zip(STEP_KEYS, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)):
+            if lay.round2 is not None:
+                codec.next_round(lay)
+            t6 = time.perf_counter() if lay.round2 is not None else t5     # 0: no second round
+            aggregate = 0.0
+            if self.comp.owns_state:     # the decode before it is the exchange's result (timed as t_decompress)
+                self.exchange(b, codec, lay, 1).result(mem.scratch, 1.0)
+                t7 = time.perf_counter()
+                codec.commit_aggregate(lay, mem.scratch)
+                aggregate = time.perf_counter() - t7
+            for key, dt in zip(STEP_KEYS, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5, aggregate)):
                 t[key] += dt
-        t["t_residual"] = t["t_leave_memory"] + t["t_commit_memory"]
+        t["t_residual"] = t["t_leave_memory"] + t["t_commit_memory"] + t["t_aggregate"]
         for codec in self.planner.codecs.values():
             codec.end_step()
         return t
@@ -325,13 +344,18 @@ class Rank:
         return self.pattern(codec, lay, world_size, f"bucket {b} (compressed)", self.cfg.bulk)
 
 
-def fill_received(ex: Exchange, lay: SendLayout, rows: list[torch.Tensor]) -> None:
-    """Leave in the exchange's buffers what its collective would: all-gather rows in rank order, or the
-    all-reduce's elementwise sum in the send buffer."""
+def fill_received(ex: Exchange, codec: BucketCodec, lay: SendLayout, rows: list[torch.Tensor]) -> None:
+    """Leave in the exchange's buffers what its collectives would: all-gather rows in rank order, or the
+    all-reduce's elementwise sum in the send buffer. Two rounds: round 1's sum, then rank 0's second payload
+    from it, times N for round 2's sum (the other ranks' second payloads cost the same and are not needed)."""
     if isinstance(ex, PayloadAllGather):
         lay.buffers["allgather"].view(len(rows), lay.words).copy_(torch.stack(rows))
     elif isinstance(ex, PayloadAllReduce):
         lay.send.copy_(torch.stack(rows).sum(0))
+    elif isinstance(ex, TwoRoundAllReduce):
+        lay.send.copy_(torch.stack(rows).sum(0))
+        codec.next_round(lay)
+        lay.round2.mul_(len(rows))
     else:
         raise NotImplementedError(f"exchange pattern {type(ex).__name__}: the benchmark cannot fill its result")
 
@@ -370,7 +394,7 @@ def run_level(gs: GradSet, own: Rank, others: list[Rank], level: float) -> dict[
             codec = BucketCodec(own.plan.buckets[b], comp, own.planner.ctxs[b])
             lay = codec.layout(send[b])
             ex = own.exchange(b, codec, lay, n)
-            fill_received(ex, lay, rows[b][:n])
+            fill_received(ex, codec, lay, rows[b][:n])
             exchanges.append((own.memory.bucket(b), ex))
         scale = reduce_rule(n).output_scale
         res[f"t_decompress_n{n}"] = timed(lambda _: [ex.result(mem.scratch, scale) for mem, ex in exchanges],
@@ -529,22 +553,30 @@ def multilevel(gs: GradSet, own: Rank, levels: list[float], direct_send: dict[fl
 
 
 # ---- driver ---------------------------------------------------------------------------------------------
-def compressor_variants(names: list[str], algorithms: Sequence[str]) -> list[tuple[str, str, Compressor]]:
-    """(label, registered name, instance); Top-k once per selection algorithm."""
+def compressor_variants(names: list[str], algorithms: Sequence[str], ranks: Sequence[int] = LOWRANK_RANKS
+                        ) -> list[tuple[str, str, Compressor]]:
+    """(label, registered name, instance); Top-k once per selection algorithm; ACP-SGD once per phase (its P-
+    and Q-steps move different factors)."""
     out = []
     for name in names:
         cls = lookup(name)
         if name == "topk":
             out += [(f"topk[{a}]", name, cls(cls.Params(algorithm=a))) for a in algorithms]
+        elif cls.level_kind == "rank":
+            for phase in ((0, 1) if name == "acpsgd" else (0,)):
+                comp = cls()
+                comp.bind_levels("rank", float(max(ranks)))
+                comp.phase = phase
+                out.append((f"{name}[{'PQ'[phase]}]" if name == "acpsgd" else name, name, comp))
         else:
             out.append((name, name, cls()))
     return out
 
 
-def levels_for(comp: Compressor, cfs: list[float]) -> list[float]:
-    """CF-continuous: the requested CFs; grids: the realizable values they snap to; low-rank: rank 4."""
+def levels_for(comp: Compressor, cfs: list[float], ranks: Sequence[int] = LOWRANK_RANKS) -> list[float]:
+    """CF-continuous: the requested CFs; grids: the realizable values they snap to; low-rank: the ranks."""
     if comp.level_kind == "rank":
-        return [4.0]
+        return [float(r) for r in ranks]
     if comp.cf_grid() is None:
         return list(cfs)
     return sorted({comp.realize_cf(c) for c in cfs})
@@ -552,7 +584,7 @@ def levels_for(comp: Compressor, cfs: list[float]) -> list[float]:
 
 def bench_compressor(gs: GradSet, set_name: str, label: str, name: str, comp: Compressor, cfg: GravacConfig,
                      args: argparse.Namespace, report: dict[str, Any]) -> None:
-    levels = levels_for(comp, args.cfs)
+    levels = levels_for(comp, args.cfs, args.ranks)
     ranks = len(gs.rank_grads)
     own = Rank(gs, comp, 0, ranks, cfg)
     if not own.compressible:
@@ -647,7 +679,7 @@ def print_table(report: dict[str, Any]) -> None:
                   f"{r['t_decompress_n2']['median'] * ms:>9.1f}{r['t_decompress_n4']['median'] * ms:>9.1f}"
                   f"{r['t_residual']['median'] * ms:>9.1f}{r['t_stage']['median'] * ms:>9.1f}"
                   f"{r['t_norm']['median'] * ms:>9.1f}{r['gbps_compress']:>7.2f}")
-        print("passes (t / t_pass) per phase: stage, norm, compress, decode N=2, decode N=4, residual")
+        print("passes (t / t_pass) per phase: stage, norm, compress, round 2, decode N=2, decode N=4, residual")
         for r in (r for r in report["results"] if r["set"] == set_name and "passes" in r):
             print(f"{r['compressor']:<18}{r['level']:>7g}  " + "".join(f"{r['passes'][k]:>7.2f}" for k in PHASES))
         for key, label in (("naive_topk", "naive topk"), ("sampled_threshold", "1% sample thr")):
@@ -686,6 +718,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     ap.add_argument("--compressors", default="", help="comma list (default: every registered one)")
     ap.add_argument("--topk-algorithms", default=",".join(TOPK_ALGORITHMS))
     ap.add_argument("--cfs", default="10,100,1000", help="CFs for CF-continuous compressors")
+    ap.add_argument("--ranks", default=",".join(map(str, LOWRANK_RANKS)), help="ranks for low-rank compressors")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--source", choices=("synthetic", "real"), default="synthetic")
     ap.add_argument("--seed", type=int, default=0)
@@ -701,6 +734,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     if unknown:
         ap.error(f"unknown set(s): {', '.join(sorted(unknown))}")
     args.cfs = [float(c) for c in args.cfs.split(",") if c]
+    args.ranks = [int(r) for r in args.ranks.split(",") if r]
     args.compressors = [c for c in args.compressors.split(",") if c] or registered_names()
     args.topk_algorithms = [a for a in args.topk_algorithms.split(",") if a]
     if args.smoke:
@@ -713,7 +747,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     args = parse_args(argv)
     torch.set_num_threads(1)
-    variants = compressor_variants(args.compressors, args.topk_algorithms)
+    variants = compressor_variants(args.compressors, args.topk_algorithms, args.ranks)
     report: dict[str, Any] = {
         "env": environment(),
         "config": {"sets": args.sets, "compressors": [v[0] for v in variants], "cfs": args.cfs,

@@ -16,7 +16,8 @@ class DenseController(Controller):
 
 
 class StaticController(Controller):
-    """One CF for the whole run after ``warmup_steps`` dense steps; the sent level's gain is measured."""
+    """One level for the whole run after ``warmup_steps`` dense steps (a CF, or a low-rank compressor's
+    ``rank``); the sent level's gain is measured."""
 
     mode = "static"
 
@@ -27,6 +28,8 @@ class StaticController(Controller):
 
     def bind(self, ctx: Any) -> None:
         super().bind(ctx)
+        if ctx.level_kind == "rank" and ctx.default_level is not None:
+            self.level = float(ctx.default_level)      # low-rank: the compressor's rank, not "cf"
         realized = ctx.realize_cf(self.level)
         if realized != self.level:
             self.log_event(0, "cf_snapped", requested=self.level, realized=realized)

@@ -17,7 +17,14 @@ The life of one tensor in one step:
    persistent state: ``x`` is the step's scratch.
 4. After the agreement, the memory object adopts that scratch as the new ``input_slot`` and calls
    ``commit_memory(p, ctx)`` for the other slots (DGC: momentum); a dense send calls ``dense_sent(ctx)`` instead.
-   A step whose gradients were not finite on some rank does none of this: the memory stays as it was.
+   Once the bucket's aggregate ``G`` is decoded, ``commit_aggregate(x, G, payloads, ctx)`` updates what depends on
+   it (PowerSGD: ``E = X − G``; low-rank: the shared factors), and after every bucket ``step_committed`` advances
+   per-step replicated state (ACP-SGD's parity). A step whose gradients were not finite on some rank does none of
+   this: the memory and the compressor's state stay as they were.
+
+Plans are per tensor *shape* and level (:meth:`Compressor.tensor_plan`; element-wise compressors only need the
+count). ``phase`` is replicated state that selects payload layouts (ACP-SGD's P/Q parity); it changes only in
+``step_committed``, so it is fixed for the whole of a step and part of every layout cache key.
 """
 from __future__ import annotations
 
@@ -196,6 +203,7 @@ class Compressor:
     # How payloads cross the ranks: None = by kind (SUMMABLE: "allreduce", otherwise "allgather"); a name
     # registered in ds_gravac.sync.exchange otherwise.
     exchange: ClassVar[Optional[str]] = None
+    phase: int = 0           # replicated per-step state that selects payload layouts (see the module docstring)
 
     def __init__(self, params: Optional[CompressorParams] = None) -> None:
         self.params = params if params is not None else self.Params()
@@ -205,6 +213,10 @@ class Compressor:
     def accepts(self, shape: Sequence[int]) -> bool:
         """Whether a tensor of this shape is compressed at all (rejected ones travel dense)."""
         return True
+
+    def bind_levels(self, kind: str, bound: float) -> None:
+        """Rank-levelled compressors only, at attach: read levels as ranks (``kind`` "rank", ``bound`` the
+        largest rank used) or as CFs (``"cf"`` under GraVAC, ``bound`` = theta_min). Others ignore it."""
 
     def check_engine(self, engine: Any) -> None:
         """Optional attach-time check of the engine (e.g. an optimizer constraint)."""
@@ -234,6 +246,19 @@ class Compressor:
     def make_plan(self, numel: int, level: float) -> TensorPlan:
         raise NotImplementedError
 
+    def tensor_plan(self, shape: Sequence[int], level: float) -> TensorPlan:
+        """The plan of one tensor of this shape (low-rank compressors need the matrix shape, not just numel)."""
+        return self.plan(math.prod(int(s) for s in shape), level)
+
+    def member_level(self, ctx: "CompressCtx", level: float) -> float:
+        """The level a tensor actually uses this step, from the step's level and replicated state only (ACP-SGD
+        keeps a Q-step at its P-step's rank)."""
+        return level
+
+    def sent_payload_words(self, plan: TensorPlan) -> int:
+        """32-bit words this tensor puts on the wire per step, over all rounds."""
+        return plan.words
+
     def wire_layout(self, plan: TensorPlan) -> list[tuple[str, torch.dtype, int]]:
         return [(s.name, s.dtype, s.count) for s in plan.sections]
 
@@ -241,7 +266,7 @@ class Compressor:
         return plan.values_sent
 
     def wire_bytes(self, plan: TensorPlan) -> int:
-        return plan.wire_bytes
+        return 4 * self.sent_payload_words(plan)
 
     # ---- encode / decode ---------------------------------------------------------------------------
     def compress(self, x: torch.Tensor, plan: TensorPlan, out: Payload, ctx: CompressCtx,
@@ -294,6 +319,15 @@ class Compressor:
         """``owns_state`` only: after the step was agreed finite, update the memory slots other than
         ``input_slot`` (which already holds what :meth:`commit` left in the input) for the sent payload ``p``;
         ``g`` is the same flat fp32 gradient :meth:`compensate` received."""
+
+    def commit_aggregate(self, x: torch.Tensor, g: torch.Tensor, payloads: Sequence[Payload],
+                         ctx: CompressCtx) -> None:
+        """``owns_state`` only, finite step: after the aggregate ``g`` of the tensor was decoded. ``payloads`` are
+        the reduced payloads of every round, or empty when the tensor went dense this step (``g`` is then the
+        exact average); ``x`` is the committed ``input_slot`` view after a compressed send."""
+
+    def step_committed(self, compressed: bool) -> None:
+        """Once per finite step after every bucket committed; ``compressed``: some bucket sent a payload."""
 
     def reset(self, ctx: CompressCtx) -> None:
         """Clear a tensor's own memory (dense step, EF reset, world-size change)."""

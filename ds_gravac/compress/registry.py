@@ -22,6 +22,8 @@ BUILTINS = {
     "sidco": "ds_gravac.compress.sidco:SIDCo",
     "threshold": "ds_gravac.compress.threshold:Threshold",
     "graddrop": "ds_gravac.compress.graddrop:GradDrop",
+    "powersgd": "ds_gravac.compress.powersgd:PowerSGD",
+    "acpsgd": "ds_gravac.compress.acpsgd:ACPSGD",
 }
 _REGISTRY: dict[str, type[Compressor]] = {}
 _builtins_loaded = False

@@ -9,6 +9,7 @@ import torch
 from pydantic import ValidationError
 
 from ..adapt import Controller, ControllerContext, build_controller
+from ..adapt.accordion import DEFAULT_LEVELS
 from ..compress.base import Compressor, Kind
 from ..compress.registry import lookup
 from ..config import GravacConfig, parse_config, unavailable_settings
@@ -52,11 +53,30 @@ def build_compressor(config: GravacConfig) -> Compressor:
         raise GravacConfigError(f"ds_gravac: invalid parameters for compressor '{config.compressor.type}': "
                                 f"{exc}") from None
     comp = cls(params)
-    if comp.kind == Kind.QUANTIZED or comp.rounds > 1:
-        raise GravacUnsupportedError(f"ds_gravac: compressor '{config.compressor.type}' needs the "
-                                     f"{'CaSync-PS' if comp.kind == Kind.QUANTIZED else 'two-round'} exchange, "
-                                     f"which this version does not provide yet")
+    if comp.kind == Kind.QUANTIZED:
+        raise GravacUnsupportedError(f"ds_gravac: compressor '{config.compressor.type}' needs the CaSync-PS "
+                                     f"exchange, which this version does not provide yet")
+    if comp.level_kind == "rank":
+        if config.mode == "static" and "cf" in config.model_fields_set:
+            raise GravacConfigError(f"ds_gravac: key \"cf\" ({config.cf:g}) does not apply to the low-rank "
+                                    f"compressor '{config.compressor.type}'; set its rank instead: "
+                                    f"\"compressor\": {{\"type\": \"{config.compressor.type}\", "
+                                    f"\"params\": {{\"rank\": 4}}}}")
+        comp.bind_levels(*rank_level_bound(config, comp))
     return comp
+
+
+def rank_level_bound(config: GravacConfig, comp: Compressor) -> tuple[str, float]:
+    """How a rank-levelled (low-rank) compressor reads levels in this mode, and the largest rank it can be asked
+    for: GraVAC works in CFs (bound: theta_min), static in the compressor's rank, Accordion in its two ranks."""
+    if config.mode == "gravac":
+        return "cf", float(config.theta_min)
+    rank = float(getattr(comp.params, "rank", 1))
+    if config.mode == "accordion":
+        low, high = DEFAULT_LEVELS["rank"]
+        acc = config.accordion
+        return "rank", max(float(acc.low_compression or low), float(acc.high_compression or high))
+    return "rank", rank
 
 
 class GravacHandle:
@@ -103,7 +123,8 @@ class GravacHandle:
             world_size=world, samples_per_step=int(eng.train_micro_batch_size_per_gpu()
                                                    * eng.gradient_accumulation_steps()),
             realize_cf=comp.realize_cf, cf_grid=comp.cf_grid(), multilevel=comp.multilevel,
-            gain_kind=comp.gain_kind, level_kind=comp.level_kind, compressible=compressible, rank=rank))
+            gain_kind=comp.gain_kind, level_kind=comp.level_kind, compressible=compressible, rank=rank,
+            default_level=float(getattr(comp.params, "rank", 0)) if comp.level_kind == "rank" else None))
         eng.enable_backward_allreduce = False
         self.active = True
         logger.info("ds_gravac: attached (mode=%s, compressor=%s, %d buckets provisional, %d/%d tensors "

@@ -26,6 +26,9 @@ class SendLayout:
     send: torch.Tensor
     payloads: list[Payload]
     values_sent: int = 0
+    payload_words: int = 0                     # all rounds (``words`` is the first round's send buffer)
+    round2: Optional[torch.Tensor] = None      # two-round patterns: the second round's buffer and views
+    round2_payloads: list[Payload] = field(default_factory=list)
     bulk_idx_pos: Optional[torch.Tensor] = None
     bulk_val_pos: Optional[torch.Tensor] = None
     bulk_offsets: Optional[torch.Tensor] = None
@@ -50,9 +53,9 @@ class BucketCodec:
         self.ctxs = list(ctxs)
         self.device = bucket.members[0].param.device
         self.word_dtype = torch.float32 if compressor.kind == Kind.SUMMABLE else torch.int32
-        self._layouts: dict[tuple[float, ...], SendLayout] = {}
+        self._layouts: dict[tuple[tuple[float, ...], int], SendLayout] = {}
         self._scratch: dict[tuple[int, str], torch.Tensor] = {}
-        self._used_layouts: set[tuple[float, ...]] = set()
+        self._used_layouts: set[tuple[tuple[float, ...], int]] = set()
         self._used_scratch: set[tuple[int, str]] = set()
 
     # ---- buffers ----------------------------------------------------------------------------------------
@@ -61,13 +64,14 @@ class BucketCodec:
         return buf[m.offset:m.offset + m.numel]
 
     def plans(self, levels: Sequence[float]) -> list[TensorPlan]:
-        return [self.comp.plan(m.numel, lvl) for m, lvl in zip(self.bucket.members, levels)]
+        return [self.comp.tensor_plan(m.param.shape, lvl) for m, lvl in zip(self.bucket.members, levels)]
 
     def layout(self, levels: tuple[float, ...]) -> SendLayout:
-        self._used_layouts.add(levels)
-        lay = self._layouts.get(levels)
+        key = (levels, self.comp.phase)           # the phase (ACP's P/Q) is fixed for the whole step
+        self._used_layouts.add(key)
+        lay = self._layouts.get(key)
         if lay is None:
-            lay = self._layouts[levels] = self._build_layout(levels)
+            lay = self._layouts[key] = self._build_layout(levels)
         return lay
 
     def _build_layout(self, levels: tuple[float, ...]) -> SendLayout:
@@ -78,7 +82,16 @@ class BucketCodec:
             total += p.words
         send = torch.zeros(total, dtype=self.word_dtype, device=self.device)
         payloads = [Payload(p, send[o:o + p.words]) for p, o in zip(plans, offsets)]
-        lay = SendLayout(plans, offsets, total, send, payloads, values_sent=sum(p.values_sent for p in plans))
+        lay = SendLayout(plans, offsets, total, send, payloads, values_sent=sum(p.values_sent for p in plans),
+                         payload_words=sum(self.comp.sent_payload_words(p) for p in plans))
+        second = [p.get("round2") for p in plans]
+        if any(q is not None for q in second):
+            second = [q if q is not None else _EMPTY for q in second]
+            lay.round2 = torch.zeros(sum(q.words for q in second), dtype=self.word_dtype, device=self.device)
+            off = 0
+            for q in second:
+                lay.round2_payloads.append(Payload(q, lay.round2[off:off + q.words]))
+                off += q.words
         if self.comp.kind != Kind.SUMMABLE and all(_is_sparse_fp32(p) for p in plans):
             idx_pos, val_pos, offs = [], [], []
             for mem, p, o in zip(self.bucket.members, plans, offsets):
@@ -114,6 +127,8 @@ class BucketCodec:
         total = sum(b.numel() * b.element_size() for b in self._scratch.values())
         for lay in self._layouts.values():
             total += lay.send.numel() * lay.send.element_size()
+            if lay.round2 is not None:
+                total += lay.round2.numel() * lay.round2.element_size()
             total += sum(b.numel() * b.element_size() for b in lay.buffers.values())
         return total
 
@@ -144,7 +159,7 @@ class BucketCodec:
             p_base: Optional[Payload] = None
             for lvl in levels:
                 t0 = time.perf_counter()
-                plan = self.comp.plan(mem.numel, lvl)
+                plan = self.comp.tensor_plan(mem.param.shape, lvl)
                 target = direct.get(lvl) or self._probe_payload(i, "base" if lvl == base else "other", plan)
                 if p_base is not None and multilevel and lvl > base and plan.k <= p_base.plan.k:
                     self.comp.compress_from(p_base, x, plan, target, ctx)
@@ -169,7 +184,28 @@ class BucketCodec:
         for x, p, ctx in zip(xs, lay.payloads, self.ctxs):
             self.comp.commit(x, p, ctx)
 
-    # ---- decode -----------------------------------------------------------------------------------------
+    # ---- rounds and decode ----------------------------------------------------------------------------------
+    def next_round(self, lay: SendLayout) -> None:
+        """Two-round patterns: each member's second-round payload from the first round's reduced one."""
+        for p1, p2, ctx in zip(lay.payloads, lay.round2_payloads, self.ctxs):
+            self.comp.next_round(ctx.residual, p1, p2, ctx)
+
+    def decode_rounds(self, lay: SendLayout, out: torch.Tensor, scale: float) -> None:
+        """Two-round patterns: ``out = scale · D(Σ round 1, Σ round 2)`` per member."""
+        for i, (p1, p2) in enumerate(zip(lay.payloads, lay.round2_payloads)):
+            self.comp.decompress_rounds(p1, p2, self.seg(out, i), scale, self.ctxs[i])
+
+    def commit_aggregate(self, lay: Optional[SendLayout], out: torch.Tensor) -> None:
+        """After the agreement and the decode: memory and replicated state that depend on the aggregate ``out``
+        (``lay`` None: the bucket went dense and ``out`` is the exact average)."""
+        if lay is None:
+            for i, ctx in enumerate(self.ctxs):
+                self.comp.commit_aggregate(ctx.residual, self.seg(out, i), [], ctx)
+            return
+        second = lay.round2_payloads or [None] * len(lay.payloads)
+        for i, (p1, p2, ctx) in enumerate(zip(lay.payloads, second, self.ctxs)):
+            self.comp.commit_aggregate(ctx.residual, self.seg(out, i), [p1] if p2 is None else [p1, p2], ctx)
+
     def decode_sum(self, lay: SendLayout, out: torch.Tensor, scale: float) -> None:
         """``out = scale · D(Σ_w p_w)`` for summable payloads (the send buffer holds the reduced sum)."""
         for i, p in enumerate(lay.payloads):
@@ -193,9 +229,12 @@ class BucketCodec:
         """Checksum of shared-stream selections (Random-k indices), to catch a seed or RNG mismatch early."""
         total = 0
         for mem, ctx, lvl in zip(self.bucket.members, self.ctxs, levels):
-            idx = self.comp.indices(mem.numel, self.comp.plan(mem.numel, lvl), ctx)
+            idx = self.comp.indices(mem.numel, self.comp.tensor_plan(mem.param.shape, lvl), ctx)
             total = stable_hash(f"{total}:{int(idx.long().sum())}:{int((idx.long() * 2654435761 % 1000003).sum())}")
         return total
+
+
+_EMPTY = TensorPlan(0, 1.0, 0, (), 0)      # a member without a second-round payload (sent plain)
 
 
 def _is_sparse_fp32(plan: TensorPlan) -> bool:

@@ -37,7 +37,7 @@ class Planner:
         self.ctxs = {b.index: [self._make_ctx(m) for m in b.members] for b in compressible}
         self.codecs = {b.index: BucketCodec(b, self.comp, self.ctxs[b.index]) for b in compressible}
         self.memory.build(compressible)
-        self._fallback_cache: dict[tuple[int, tuple[float, ...]], bool] = {}
+        self._fallback_cache: dict[tuple[int, tuple[float, ...], int], bool] = {}
 
     def _make_ctx(self, m: Member) -> CompressCtx:
         group = self._group_of.get(id(m.param), {})
@@ -53,7 +53,7 @@ class Planner:
 
     def dense_at(self, b: int, levels: tuple[float, ...]) -> bool:
         """Whether bucket b goes dense at these levels because its pattern would move more bytes than dense."""
-        key = (b, levels)
+        key = (b, levels, self.comp.phase)
         hit = self._fallback_cache.get(key)
         if hit is None:
             codec = self.codecs[b]
@@ -67,7 +67,8 @@ class Planner:
         bucket = self.plan.buckets[b]
         if not bucket.compressible or decision.dense:
             return DENSE
-        levels = tuple(self.level(decision.level_for(m.name), step) for m in bucket.members)
+        levels = tuple(self.comp.member_level(ctx, self.level(decision.level_for(m.name), step))
+                       for m, ctx in zip(bucket.members, self.ctxs[b]))
         return DENSE if self.dense_at(b, levels) else compress(levels)
 
     def step_plan(self, step: int, decision: "StepDecision") -> StepPlan:
@@ -76,7 +77,7 @@ class Planner:
             actions = tuple(DEFERRED if b.compressible else DENSE for b in self.plan.buckets)
         else:
             actions = tuple(self.action(b.index, decision, step) for b in self.plan.buckets)
-        return StepPlan(step, decision, probes, actions)
+        return StepPlan(step, decision, probes, actions, self.comp.phase)
 
     def resolved(self, plan: StepPlan, decision: "StepDecision") -> StepPlan:
         """Strict mode: the plan once the branch is chosen."""

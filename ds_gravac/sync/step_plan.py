@@ -46,12 +46,13 @@ class StepPlan:
     decision: "StepDecision"               # the controller's decision (frozen)
     probes: tuple[float, ...]              # realized levels whose gains are measured, one stats slot each
     actions: tuple[BucketAction, ...]
+    phase: int = 0                         # the compressor's layout phase this step (ACP-SGD's P/Q parity)
 
     def digest(self) -> int:
         """63-bit hash of everything that selects a collective this step (for ``debug.check_plans``)."""
-        parts = [str(self.step), str(self.decision.branch), repr(self.probes)]
+        parts = [str(self.step), str(self.decision.branch), repr(self.probes), str(self.phase)]
         parts += [f"{a.kind.value}:{a.levels!r}" for a in self.actions]
         return stable_hash("|".join(parts))
 
     def with_actions(self, decision: "StepDecision", actions: tuple[BucketAction, ...]) -> "StepPlan":
-        return StepPlan(self.step, decision, self.probes, actions)
+        return StepPlan(self.step, decision, self.probes, actions, self.phase)

@@ -58,6 +58,8 @@ class RunningStep:
     plan: StepPlan
     pending: list[int]                                   # members not yet ready, per bucket
     next_b: int = 0                                      # first bucket not launched yet
+    next_round_b: dict[int, int] = field(default_factory=dict)   # round r ≥ 1 → first bucket not advanced yet
+    round_wait_s: float = 0.0                            # blocked on a round before issuing the next one
     stats: StepStats = field(default_factory=StepStats)
     exchanges: dict[int, Exchange] = field(default_factory=dict)
     layouts: dict[int, SendLayout] = field(default_factory=dict)      # compressed buckets' sent layouts
@@ -151,6 +153,7 @@ class Synchronizer:
         run.pending[self.members[index].bucket] -= 1
         if self.config.overlap:
             self._launch_prefix()
+            self._issue_later_rounds(block=False)
 
     def _launch_prefix(self) -> None:
         run = self.running
@@ -264,9 +267,10 @@ class Synchronizer:
             self._check_shared_selection()
         if run.plan.decision.deferred:
             agreed = self._resolve_strict()
+            self._issue_later_rounds(block=True)
         else:
             work, rows = self.stats.exchange(run.stats, async_op=True)
-            self._advance_rounds()
+            self._issue_later_rounds(block=True)
             work.wait()
             agreed = self.stats.agree(rows, run.plan)
         timings = self._complete(agreed)
@@ -279,15 +283,25 @@ class Synchronizer:
             release_freed_host_memory()
         self.running = None
 
-    def _advance_rounds(self) -> None:
-        """Rounds after the first, in plan order per round (their own channels keep the order on every rank)."""
+    def _issue_later_rounds(self, block: bool) -> None:
+        """Rounds after the first, strictly in plan order per round: round r runs on its own channel, so every
+        rank issues the same sequence there whatever the timing. During backward (``block`` false) a bucket
+        advances only once its previous round has completed and every earlier bucket has advanced; at the end
+        of backward the rest follow, waiting where needed."""
         run = self.running
-        for r in range(1, max((ex.rounds for ex in run.exchanges.values()), default=1)):
-            for b in sorted(run.exchanges):
-                ex = run.exchanges[b]
+        for r in range(1, self.comp.rounds):
+            b = run.next_round_b.get(r, 0)
+            while b < len(self.plan.buckets):
+                ex = run.exchanges.get(b)
+                if ex is None:
+                    break                       # not launched yet
                 if ex.rounds > r:
-                    ex.wait(r - 1)
+                    if ex.works[r - 1] is None or (not block and not ex.completed(r - 1)):
+                        break                   # its previous round is not issued, or not done yet
+                    run.round_wait_s += ex.wait(r - 1)
                     ex.advance(r, self.channels.data_channels)
+                b += 1
+            run.next_round_b[r] = b
 
     def _complete(self, agreed: AgreedStats) -> dict[str, float]:
         """Wait for every bucket; commit and write back (finite step) or fall back to DeepSpeed's average."""
@@ -314,13 +328,17 @@ class Synchronizer:
                 else:
                     mem.commit_dense(self.comp, ctxs)
             flat = ex.result(out, scale)
+            if bucket.compressible and self.comp.owns_state:     # state that depends on the aggregate
+                self.codecs[b].commit_aggregate(run.layouts.get(b) if run.plan.actions[b].compressed else None,
+                                                flat)
             t2 = time.perf_counter()
             if bucket.compressible:
                 write_grads(bucket.members, flat, alias=flat is self.memory.bucket(b).scratch)
             else:
                 ex.write_back([m.param.grad for m in bucket.members])
             decompress, writeback = decompress + t2 - t1, writeback + time.perf_counter() - t2
-        return {"comm_wait_s": comm_wait, "decompress_s": decompress, "writeback_s": writeback}
+        self.comp.step_committed(any(a.compressed for a in run.plan.actions))
+        return {"comm_wait_s": comm_wait + run.round_wait_s, "decompress_s": decompress, "writeback_s": writeback}
 
     def _nonfinite_step(self, agreed: AgreedStats) -> dict[str, float]:
         """Some rank produced a NaN/Inf: nothing commits; every gradient is averaged exactly as DeepSpeed would,
@@ -369,7 +387,7 @@ class Synchronizer:
         compressed = [b for b, a in enumerate(actions) if a.compressed]
         compressed_numel = sum(self.plan.buckets[b].numel for b in compressed)
         dense_values = self.numel_total - compressed_numel
-        payload = sum(4 * run.layouts[b].words for b in compressed) + dense_values * self.rule.comm_bytes_per_element
+        payload = sum(4 * run.layouts[b].payload_words for b in compressed) + dense_values * self.rule.comm_bytes_per_element
         decision = run.plan.decision
         rec = statvec.step_record(
             step=run.plan.step, mode=self.config.mode, branch="dense" if nonfinite else str(decision.branch),

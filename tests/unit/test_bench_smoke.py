@@ -10,8 +10,16 @@ from ds_gravac.compress.registry import registered_names
 from ds_gravac_bench.micro import main
 
 STAT_KEYS = {"median", "p10", "p90", "n"}
-PHASES = ("t_stage", "t_norm", "t_compress", "t_decompress_n2", "t_decompress_n4", "t_residual")
+PHASES = ("t_stage", "t_norm", "t_compress", "t_round2", "t_decompress_n2", "t_decompress_n4", "t_residual")
 SEARCH = [10, 20, 40, 160, 1000]
+LOWRANK = ("powersgd", "acpsgd")
+SMOKE_MATRIX_NUMEL = 250 * 240 + 64 * 3 * 7 * 7      # the smoke set's matrices; its 1-D tensors go dense
+
+
+def _check_lowrank_memory(r: dict) -> None:
+    """Low-rank: the error slot and the scratch of the matrices only; summed in place (no receive buffer)."""
+    assert r["memory_bytes"] == 2 * 4 * SMOKE_MATRIX_NUMEL and r["recv_bytes"] == 0
+    assert r["dense_classified"]["tensors"] == 3 and r["codec_send_bytes"] > 0 and not r["probes"]
 
 
 def _is_stat(d: object) -> bool:
@@ -34,8 +42,10 @@ def test_smoke_report(tmp_path: Path) -> None:
         assert info["grad_bytes"] == 400_000
 
     labels = {r["compressor"] for r in data["results"]}
-    expected = {n for n in registered_names() if n not in ("none", "topk")}
-    assert expected | {"topk[auto]", "topk[topk]", "topk[kthvalue]", "topk[sort]"} <= labels
+    expected = {n for n in registered_names() if n not in ("none", "topk", "acpsgd")}
+    assert expected | {"topk[auto]", "topk[topk]", "topk[kthvalue]", "topk[sort]", "acpsgd[P]", "acpsgd[Q]"} <= labels
+    lowrank = {(r["compressor"], r["level"]) for r in data["results"] if r["name"] in ("powersgd", "acpsgd")}
+    assert {(c, lv) for c in ("powersgd", "acpsgd[P]", "acpsgd[Q]") for lv in (1, 2, 4)} <= lowrank
     timed = [r for r in data["results"] if "t_compress" in r]
     assert not [r for r in data["results"] if "error" in r]
     for r in timed:
@@ -45,6 +55,8 @@ def test_smoke_report(tmp_path: Path) -> None:
         assert 0 <= r["real_entries"] <= r["values_sent"]
         assert set(r["passes"]) == set(PHASES) and r["buckets"] > 1      # the smoke plan has several buckets
         assert _is_stat(r["t_leave_memory"]) and _is_stat(r["t_commit_memory"])
+        assert (r["t_round2"]["median"] > 0) == (r["name"] == "powersgd")     # only two-round patterns
+    cf_rows = [r for r in timed if r["name"] not in LOWRANK]
     for key in ("naive_topk", "sampled_threshold"):
         assert {(r["set"], r["level"]) for r in data[key]} == {(s, c) for s in data["sets"] for c in (10, 100, 1000)}
         assert all(_is_stat(r["t"]) and r["passes_out"] > 0 for r in data[key])
@@ -60,8 +72,13 @@ def test_smoke_report(tmp_path: Path) -> None:
     for r in timed:
         for n in (2, 8):
             assert (r["set"], r["compressor"], n, r["level"], ()) in mem
-            assert (r["set"], r["compressor"], n, 10, tuple(SEARCH)) in mem
+            if r["name"] not in LOWRANK:      # levels are ranks there: no CF search
+                assert (r["set"], r["compressor"], n, 10, tuple(SEARCH)) in mem
+    assert cf_rows
     for r in data["memory"]:
+        if r["name"] in LOWRANK:
+            _check_lowrank_memory(r)
+            continue
         x, g = r["x"], r["grad_bytes"]
         assert g == 400_000 and r["target_x"] == 2
         assert r["extra_bytes"] == r["memory_bytes"] + r["codec_send_bytes"] + r["codec_probe_bytes"] + r["recv_bytes"]

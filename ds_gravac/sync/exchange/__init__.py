@@ -13,8 +13,10 @@ from ...errors import GravacConfigError
 from .allgather import PayloadAllGather
 from .allreduce import DenseAllReduce, PayloadAllReduce
 from .base import Exchange
+from .two_round import TwoRoundAllReduce
 
-PATTERNS: dict[str, Any] = {"allreduce": PayloadAllReduce, "allgather": PayloadAllGather}
+PATTERNS: dict[str, Any] = {"allreduce": PayloadAllReduce, "allgather": PayloadAllGather,
+                            "two_round": TwoRoundAllReduce}
 
 
 def payload_exchange(compressor: Compressor) -> Any:
@@ -28,4 +30,5 @@ def payload_exchange(compressor: Compressor) -> Any:
                                 f"{', '.join(sorted(PATTERNS))})") from None
 
 
-__all__ = ["DenseAllReduce", "Exchange", "PATTERNS", "PayloadAllGather", "PayloadAllReduce", "payload_exchange"]
+__all__ = ["DenseAllReduce", "Exchange", "PATTERNS", "PayloadAllGather", "PayloadAllReduce", "TwoRoundAllReduce",
+           "payload_exchange"]

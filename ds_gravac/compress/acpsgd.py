@@ -1,0 +1,139 @@
+"""``acpsgd``: alternating compressed power iteration [Zhang et al., "Evaluation and Optimization of Gradient
+Compression for Distributed Deep Learning", ICDCS 2023].
+
+Each step computes *one* factor from the local gradient and the factor the ranks shared on the previous step, so a
+step has a single all-reduce per bucket that can start in the gradient hook, and the local error is known before
+it::
+
+    P-step:  Qh = orth(Q_prev);  X = M + E;  P_w = X·Qh;   E ← X − P_w·Qhᵀ;  P = Σ_w P_w;  G = P·Qhᵀ/N;  P_prev ← P
+    Q-step:  Ph = orth(P_prev);  X = M + E;  Q_w = Xᵀ·Ph;  E ← X − Ph·Q_wᵀ;  Q = Σ_w Q_w;  G = Ph·Qᵀ/N;  Q_prev ← Q
+
+The parity (:attr:`phase`: 0 = P-step, 1 = Q-step) is replicated and checkpointed; it flips only after a finite
+step that sent an ACP payload (never on dense or skipped steps, never per micro-batch). A Q-step keeps the rank
+its P-step used, so a rank change (Accordion, GraVAC) takes effect at the next P-step and never splits a pair.
+The first compressed step is a P-step from the shared seeded ``Q_prev``: ranks that started from different
+factors would average unrelated subspaces.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import torch
+
+from .base import CompressCtx, Payload, Section, TensorPlan
+from .lowrank_base import F32, LowRankCompressor
+
+Tensor = torch.Tensor
+P_STEP, Q_STEP = 0, 1
+
+
+class ACPSGD(LowRankCompressor):
+    name = "acpsgd"
+    pair_factor = 2.0        # a P/Q pair moves (n + m)·r values for two steps' gradients
+
+    def __init__(self, params: Any = None) -> None:
+        super().__init__(params)
+        self.phase = P_STEP
+        self.p_levels: dict[str, float] = {}      # replicated: the level each matrix used at its last P-step
+
+    def factor_plan(self, n: int, m: int, r: int, level: float) -> TensorPlan:
+        rows = n if self.phase == P_STEP else m
+        return TensorPlan(n * m, level, r, (Section("f", F32, rows * r),), rows * r,
+                          extra=(("shape", (n, m)), ("rank", r), ("phase", self.phase)))
+
+    def member_level(self, ctx: CompressCtx, level: float) -> float:
+        """A Q-step sends at its P-step's level (the shared ``P_prev`` was built at that rank)."""
+        if self.phase == Q_STEP:
+            return self.p_levels.get(ctx.key, level)
+        return level
+
+    def _shared(self, ctx: CompressCtx, plan: TensorPlan) -> tuple[Tensor, int, int, int]:
+        """The orthonormal shared factor of this step (``Qh`` on P-steps, ``Ph`` on Q-steps) at its rank."""
+        n, m, r = self.dims(plan)
+        w = self.width(n, m)
+        basis = self.basis(ctx, "q", m, w) if plan.get("phase") == P_STEP else self.basis(ctx, "p", n, w)
+        return basis[:, :r], n, m, r
+
+    # ---- encode / decode ----------------------------------------------------------------------------------
+    def compress(self, x: Tensor, plan: TensorPlan, out: Payload, ctx: CompressCtx,
+                 update_state: bool) -> Optional[Tensor]:
+        if "plain" in out:
+            out["plain"].copy_(x)
+        else:
+            shared, n, m, r = self._shared(ctx, plan)
+            xm = x.view(n, m)
+            if plan.get("phase") == P_STEP:
+                torch.matmul(xm, shared, out=out["f"].view(n, r))
+            else:
+                torch.matmul(xm.t(), shared, out=out["f"].view(m, r))
+        if update_state:
+            self.commit(x, out, ctx)
+        return None
+
+    def compress_from(self, p1: Payload, x: Tensor, plan2: TensorPlan, out: Payload,
+                      ctx: CompressCtx) -> Optional[Tensor]:
+        """A lower rank is the leading columns of a higher rank's factor (same orthonormal basis)."""
+        if "f" in p1 and "f" in out and p1.plan.k >= plan2.k:
+            n, m, r1 = self.dims(p1.plan)
+            rows = n if plan2.get("phase") == P_STEP else m
+            self.prefix(p1["f"], rows, r1, plan2.k, out["f"])
+            return None
+        return self.compress(x, plan2, out, ctx, update_state=False)
+
+    def decompress(self, p: Payload, out: Tensor, accumulate: bool, scale: float,
+                   ctx: Optional[CompressCtx] = None) -> None:
+        """``G = scale·P·Qhᵀ`` (P-step) or ``scale·Ph·Qᵀ`` (Q-step); plain matrices: ``scale·Σ values``."""
+        assert ctx is not None
+        if "plain" in p:
+            if accumulate:
+                out.add_(p["plain"], alpha=scale)
+            else:
+                torch.mul(p["plain"], scale, out=out)
+            return
+        shared, n, m, r = self._shared(ctx, p.plan)
+        f = p["f"].view(n if p.plan.get("phase") == P_STEP else m, r) * scale
+        left, right = (f, shared) if p.plan.get("phase") == P_STEP else (shared, f)
+        if accumulate:
+            out.view(n, m).addmm_(left, right.t())
+        else:
+            torch.matmul(left, right.t(), out=out.view(n, m))
+
+    # ---- memory ------------------------------------------------------------------------------------------
+    def commit(self, x: Tensor, p: Payload, ctx: CompressCtx) -> None:
+        """The local error, before any communication: ``X − P_w·Qhᵀ`` or ``X − Ph·Q_wᵀ``."""
+        if "plain" in p or not self.uses_error(ctx):
+            x.zero_()
+            return
+        shared, n, m, r = self._shared(ctx, p.plan)
+        f = p["f"].view(n if p.plan.get("phase") == P_STEP else m, r)
+        left, right = (f, shared) if p.plan.get("phase") == P_STEP else (shared, f)
+        x.view(n, m).addmm_(left, right.t(), alpha=-1.0)
+
+    def commit_aggregate(self, x: Tensor, g: Tensor, payloads: Sequence[Payload], ctx: CompressCtx) -> None:
+        """Finite step, sent compressed: the aggregated factor (a sum: orth is scale-invariant) is shared. Sent
+        dense: the factor the next compressed step reads follows the exact average (:meth:`refresh`)."""
+        if not payloads:
+            self.refresh(ctx, g, "q" if self.phase == P_STEP else "p")
+            return
+        p = payloads[0]
+        if p.plan.get("phase", self.phase) == P_STEP:
+            self.p_levels[ctx.key] = float(p.plan.level)
+        if "f" not in p:
+            return
+        n, m, r = self.dims(p.plan)
+        side, rows = ("p", n) if p.plan.get("phase") == P_STEP else ("q", m)
+        self.factor(ctx, side, rows, self.width(n, m))
+        self.adopt(ctx, side, p["f"].view(rows, r), r)
+
+    def step_committed(self, compressed: bool) -> None:
+        """The parity flips only after a finite step that sent ACP payloads."""
+        if compressed:
+            self.phase = Q_STEP if self.phase == P_STEP else P_STEP
+
+    # ---- checkpoints ------------------------------------------------------------------------------------
+    def replicated_extra(self) -> dict[str, Any]:
+        return {"phase": int(self.phase), "p_levels": dict(self.p_levels)}
+
+    def load_replicated_extra(self, state: dict[str, Any]) -> None:
+        self.phase = int(state.get("phase", P_STEP))
+        self.p_levels = {str(k): float(v) for k, v in (state.get("p_levels") or {}).items()}

@@ -1,0 +1,219 @@
+"""What PowerSGD and ACP-SGD share as compressors: parameters, levels (ranks or CFs), per-matrix plans, the
+replicated factor store, and their error memory.
+
+**Levels.** In ``static`` and ``accordion`` modes a level is a rank. Under ``mode: "gravac"`` the controller works
+in compression factors; a level θ then maps to a rank per matrix: the largest ``r`` whose CF is still ≥ θ, at
+least 1 (:meth:`LowRankCompressor.rank_for`). A matrix is sent as factors only when that rank passes PyTorch's
+rule ``(n + m)·r·min_compression_rate < n·m``; otherwise it travels *plain* in the same all-reduce (its values, no
+error feedback). So a matrix stops compressing when θ drops to about ``min_compression_rate`` (where the rank
+that reaches θ no longer pays), and it never compresses beyond its rank-1 CF however large θ is.
+
+**Factors.** Each matrix keeps replicated factors with ``width`` columns, the largest rank the run can ask for
+(static: ``rank``; Accordion: its larger rank; GraVAC: the rank at ``theta_min``). A step at a lower rank uses
+the leading columns of the orthonormalized factor. With QR the leading columns of ``orth(F)`` span the leading
+columns of ``F``, so one projection at the largest rank measured gives every lower rank's payload and gain as a
+prefix (the low-rank form of multi-level compression), and a rank change keeps the warm start instead of
+re-drawing it. Factors change only in :meth:`commit_aggregate`, after the ranks agreed the step was finite.
+
+**Error.** ``E`` lives in the synchronizer's memory slot ``"error"`` (fp32 whatever the gradient dtype):
+``compensate`` forms ``X = M + E`` and the compressor decides what ``E`` becomes.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Literal, Optional, Sequence
+
+import torch
+from pydantic import Field
+
+from .base import CompressCtx, Compressor, CompressorParams, Kind, Payload, Section, TensorPlan
+from .lowrank import matrix_rank, matrix_shape, orthogonalize, seeded_factor
+
+Tensor = torch.Tensor
+F32 = torch.float32
+
+
+class LowRankParams(CompressorParams):
+    rank: int = Field(4, ge=1, le=1024)
+    min_compression_rate: float = Field(2.0, ge=1.0)
+    error_feedback: bool = True
+    orthogonalize: Literal["qr", "gram_schmidt"] = "qr"
+    orth_eps: float = Field(1e-8, gt=0.0, le=1e-2)
+    # a dense step (warm-up, GraVAC's dense branch, the discovery step) advances the shared factors by one power
+    # iteration on the exact average, so the warm start keeps tracking the gradient's subspace while nothing is
+    # compressed (false: factors stay as they were, as PyTorch's hook does)
+    dense_refresh: bool = True
+
+
+class LowRankCompressor(Compressor):
+    """Base of the low-rank compressors (see the module docstring). Subclasses define the payload sections."""
+
+    Params = LowRankParams
+    kind = Kind.SUMMABLE
+    owns_state = True
+    level_kind = "rank"
+    multilevel = "none"
+    gain_kind = "projection"
+    memory_slots = ("error",)
+    input_slot = "error"
+    pair_factor = 1.0          # CF of one full exchange is pair_factor·n·m/((n+m)·r) (ACP sends a pair)
+
+    def __init__(self, params: Optional[LowRankParams] = None) -> None:
+        super().__init__(params)
+        self.bound = float(self.params.rank)
+        self.factors: dict[str, dict[str, Tensor]] = {}      # replicated: key → {"q": m×W, "p": n×W}
+        self._bases: dict[tuple[str, str], Tensor] = {}       # orth of a stored factor, until it changes
+        self._tensor_plans: dict[tuple[Any, ...], TensorPlan] = {}
+
+    # ---- levels ----------------------------------------------------------------------------------------
+    def bind_levels(self, kind: str, bound: float) -> None:
+        """Called at attach: ``kind`` "rank" (bound = the largest rank used) or "cf" (bound = θ_min, the
+        smallest CF GraVAC will measure). Fixes how levels map to ranks and how wide the factors are."""
+        if kind not in ("rank", "cf"):
+            raise ValueError(f"ds_gravac: level kind {kind!r}")
+        self.level_kind = kind                                    # instance attribute: shadows the class default
+        self.multilevel = "exact" if kind == "cf" else "none"     # prefixes of one projection (module docstring)
+        self.bound = float(bound)
+        self._tensor_plans.clear()
+
+    def accepts(self, shape: Sequence[int]) -> bool:
+        """Matrices (2-D or more) that pay at rank 1; 1-D tensors and tiny matrices travel on the dense path."""
+        if len(shape) < 2:
+            return False
+        n, m = matrix_shape(shape)
+        return (n + m) * self.params.min_compression_rate < n * m
+
+    def matrix_cf(self, n: int, m: int, r: int) -> float:
+        return self.pair_factor * n * m / ((n + m) * r)
+
+    def rank_for(self, n: int, m: int, level: float) -> int:
+        """The rank of an ``n × m`` matrix at ``level`` (a rank, or a CF under GraVAC)."""
+        if self.level_kind == "rank":
+            return matrix_rank(n, m, int(round(level)))
+        r = math.floor(self.pair_factor * n * m / ((n + m) * float(level)) + 1e-9)
+        return matrix_rank(n, m, max(1, r))
+
+    def width(self, n: int, m: int) -> int:
+        """Columns of the stored factors: the largest rank this run can send the matrix at (a rank that does not
+        pay sends the matrix plain and needs no factor columns)."""
+        return max(1, min(self.rank_for(n, m, self.bound), self.largest_paying_rank(n, m)))
+
+    def largest_paying_rank(self, n: int, m: int) -> int:
+        r = math.ceil(n * m / ((n + m) * self.params.min_compression_rate)) - 1
+        while r > 0 and not self.pays(n, m, r):      # float rounding at the boundary
+            r -= 1
+        return matrix_rank(n, m, r)
+
+    def pays(self, n: int, m: int, r: int) -> bool:
+        return r > 0 and (n + m) * r * self.params.min_compression_rate < n * m
+
+    # ---- plans -----------------------------------------------------------------------------------------
+    def tensor_plan(self, shape: Sequence[int], level: float) -> TensorPlan:
+        key = (tuple(int(s) for s in shape), float(level), self.phase)
+        plan = self._tensor_plans.get(key)
+        if plan is None:
+            n, m = matrix_shape(shape)
+            r = self.rank_for(n, m, level)
+            plan = self.factor_plan(n, m, r, float(level)) if self.pays(n, m, r) else self.plain_plan(n, m, level)
+            self._tensor_plans[key] = plan
+        return plan
+
+    def make_plan(self, numel: int, level: float) -> TensorPlan:
+        raise TypeError(f"ds_gravac: compressor '{self.name}' plans per matrix shape (tensor_plan), not per numel")
+
+    @staticmethod
+    def plain_plan(n: int, m: int, level: float) -> TensorPlan:
+        """The matrix's own values, summed with the factors (no error feedback)."""
+        return TensorPlan(n * m, float(level), n * m, (Section("plain", F32, n * m),), n * m,
+                          extra=(("shape", (n, m)), ("rank", 0)))
+
+    def factor_plan(self, n: int, m: int, r: int, level: float) -> TensorPlan:
+        raise NotImplementedError
+
+    @staticmethod
+    def dims(plan: TensorPlan) -> tuple[int, int, int]:
+        n, m = plan.get("shape")
+        return n, m, int(plan.get("rank"))
+
+    # ---- factors (replicated) --------------------------------------------------------------------------
+    def factor(self, ctx: CompressCtx, side: str, rows: int, width: int) -> Tensor:
+        """The stored factor ``side`` ("p": n rows, "q": m rows) of a matrix, drawn from the shared seeded stream
+        the first time (identical on every rank, independent of the global RNG)."""
+        device = ctx.param.device if ctx.param is not None else torch.device("cpu")
+        store = self.factors.setdefault(ctx.key, {})
+        f = store.get(side)
+        if f is None or tuple(f.shape) != (rows, width):
+            f = store[side] = seeded_factor(ctx.seed, f"{ctx.key}:{side}", rows, width, device=device)
+        elif f.device != device:          # restored from a checkpoint on the CPU
+            f = store[side] = f.to(device)
+        return f
+
+    def basis(self, ctx: CompressCtx, side: str, rows: int, width: int) -> Tensor:
+        """``orth(factor)``, cached until the factor changes; lower ranks use its leading columns."""
+        key = (ctx.key, side)
+        b = self._bases.get(key)
+        if b is None or tuple(b.shape) != (rows, width):
+            b = self._bases[key] = orthogonalize(self.factor(ctx, side, rows, width), self.params.orthogonalize,
+                                                 self.params.orth_eps)
+        return b
+
+    def adopt(self, ctx: CompressCtx, side: str, new: Tensor, cols: int) -> None:
+        """Store the aggregated factor's ``cols`` leading columns (after the agreement)."""
+        f = self.factors[ctx.key][side]
+        f[:, :cols].copy_(new)
+        self._bases.pop((ctx.key, side), None)
+
+    def refresh(self, ctx: CompressCtx, g: Tensor, side: str) -> None:
+        """One power iteration on a dense step's exact average ``G`` (identical on every rank, so the factors stay
+        replicated): ``Q ← Gᵀ·orth(G·orth(Q))`` for the factor the next compressed step reads (``P`` likewise)."""
+        if not self.params.dense_refresh or not self.accepts(ctx.shape):
+            return
+        n, m = matrix_shape(ctx.shape)
+        w = self.width(n, m)
+        gm = g.view(n, m)
+        o, eps = self.params.orthogonalize, self.params.orth_eps
+        if side == "q":
+            ph = orthogonalize(gm @ self.basis(ctx, "q", m, w), o, eps)
+            self.adopt(ctx, "q", gm.t() @ ph, w)
+        else:
+            qh = orthogonalize(gm.t() @ self.basis(ctx, "p", n, w), o, eps)
+            self.adopt(ctx, "p", gm @ qh, w)
+
+    # ---- the error memory --------------------------------------------------------------------------------
+    def compensate(self, g: Tensor, out: Tensor, ctx: CompressCtx) -> None:
+        """``X = M + E`` (``M`` alone without error feedback)."""
+        if self.params.error_feedback and ctx.error_feedback:
+            torch.add(ctx.memory["error"], g, out=out)
+        else:
+            out.copy_(g)
+
+    def uses_error(self, ctx: CompressCtx) -> bool:
+        return self.params.error_feedback and ctx.error_feedback
+
+    def sent_sq_norm(self, p: Payload, ctx: Optional[CompressCtx] = None) -> Tensor:
+        """``‖D(p)‖²``: a factor against orthonormal columns keeps its norm; plain values are themselves."""
+        words = p.words
+        return words.double().square().sum()
+
+    @staticmethod
+    def prefix(src: Tensor, rows: int, cols_src: int, cols: int, out: Tensor) -> None:
+        """The ``cols`` leading columns of a row-major ``rows × cols_src`` factor, into ``out``."""
+        out.view(rows, cols).copy_(src.view(rows, cols_src)[:, :cols])
+
+    # ---- checkpoints ------------------------------------------------------------------------------------
+    def replicated_extra(self) -> dict[str, Any]:
+        return {}
+
+    def load_replicated_extra(self, state: dict[str, Any]) -> None:
+        """Subclass hook for replicated scalars (ACP's parity)."""
+
+    def state_dict(self) -> dict[str, dict[str, Any]]:
+        factors = {k: {s: t.detach().cpu().clone() for s, t in v.items()} for k, v in self.factors.items()}
+        return {"replicated": {"factors": factors, **self.replicated_extra()}, "local": {}}
+
+    def load_state_dict(self, state: dict[str, dict[str, Any]], world_size_changed: bool = False) -> None:
+        """Factors are replicated: kept across a world-size change (the error memory is what resets)."""
+        rep = state.get("replicated") or {}
+        self.factors = {k: {s: t.clone() for s, t in v.items()} for k, v in (rep.get("factors") or {}).items()}
+        self._bases.clear()
+        self.load_replicated_extra(rep)

@@ -1,0 +1,123 @@
+"""``powersgd``: rank-r power iteration with error feedback and warm start [Vogels et al., NeurIPS 2019].
+
+Per compressed matrix ``M`` (viewed ``n × m``) and step, in two dependent all-reduces of one bucket::
+
+    X = M + E;  Qh = orth(Q_prev)                    (warm start; orth is scale-invariant)
+    round 1:  P_w = X·Qh             → P = Σ_w P_w   (plain matrices ride along as values)
+    round 2:  Ph = orth(P);  Q_w = Xᵀ·Ph  → Q = Σ_w Q_w
+    G = Ph·(Q/N)ᵀ;  E ← X − G;  Q_prev ← Q/N
+
+The two rounds run on their own channels through the two-round exchange (``ds_gravac.sync.exchange.two_round``),
+which calls :meth:`next_round` between them and :meth:`decompress_rounds` after the second. ``E`` is known only
+once ``G`` is, so it is written in :meth:`commit_aggregate`, after the ranks agreed the step was finite.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+from .base import CompressCtx, Payload, Section, TensorPlan
+from .lowrank import orthogonalize, seeded_factor
+from .lowrank_base import F32, LowRankCompressor, LowRankParams
+
+Tensor = torch.Tensor
+
+
+class PowerSGDParams(LowRankParams):
+    warm_start: bool = True
+
+
+class PowerSGD(LowRankCompressor):
+    name = "powersgd"
+    Params = PowerSGDParams
+    rounds = 2
+    exchange = "two_round"
+
+    def __init__(self, params: Optional[PowerSGDParams] = None) -> None:
+        super().__init__(params)
+        self._step_ph: dict[str, Tensor] = {}     # this step's orth(P), between the rounds
+        self._step_q: dict[str, Tensor] = {}      # this step's averaged Q, adopted at the commit
+
+    def factor_plan(self, n: int, m: int, r: int, level: float) -> TensorPlan:
+        q_plan = TensorPlan(m * r, level, r, (Section("q", F32, m * r),), 0)
+        return TensorPlan(n * m, level, r, (Section("p", F32, n * r),), (n + m) * r,
+                          extra=(("shape", (n, m)), ("rank", r), ("round2", q_plan)))
+
+    def _qh(self, ctx: CompressCtx, m: int, width: int) -> Tensor:
+        if self.params.warm_start:
+            return self.basis(ctx, "q", m, width)
+        fresh = seeded_factor(ctx.seed, f"{ctx.key}:q:step{ctx.step}", m, width,
+                              device=ctx.param.device if ctx.param is not None else "cpu")
+        return orthogonalize(fresh, self.params.orthogonalize, self.params.orth_eps)
+
+    # ---- round 1 -----------------------------------------------------------------------------------------
+    def compress(self, x: Tensor, plan: TensorPlan, out: Payload, ctx: CompressCtx,
+                 update_state: bool) -> Optional[Tensor]:
+        if "plain" in out:
+            out["plain"].copy_(x)
+            return None
+        n, m, r = self.dims(plan)
+        qh = self._qh(ctx, m, self.width(n, m))
+        torch.matmul(x.view(n, m), qh[:, :r], out=out["p"].view(n, r))
+        return None
+
+    def compress_from(self, p1: Payload, x: Tensor, plan2: TensorPlan, out: Payload,
+                      ctx: CompressCtx) -> Optional[Tensor]:
+        """A lower rank is the leading columns of a higher rank's ``P_w`` (same orthonormal basis)."""
+        if "p" in p1 and "p" in out and p1.plan.k >= plan2.k:
+            n, _, r1 = self.dims(p1.plan)
+            self.prefix(p1["p"], n, r1, plan2.k, out["p"])
+            return None
+        return self.compress(x, plan2, out, ctx, update_state=False)
+
+    # ---- round 2 and the result -----------------------------------------------------------------------------
+    def next_round(self, x: Tensor, p1: Payload, p2: Payload, ctx: CompressCtx) -> None:
+        """``Q_w = Xᵀ·orth(P)`` from round 1's reduced ``P`` (plain matrices have no second round)."""
+        if "p" not in p1:
+            return
+        n, m, r = self.dims(p1.plan)
+        ph = orthogonalize(p1["p"].view(n, r), self.params.orthogonalize, self.params.orth_eps)
+        self._step_ph[ctx.key] = ph
+        torch.matmul(x.view(n, m).t(), ph, out=p2["q"].view(m, r))
+
+    def decompress_rounds(self, p1: Payload, p2: Payload, out: Tensor, scale: float, ctx: CompressCtx) -> None:
+        """``out = Ph·(scale·Q)ᵀ``; plain matrices: ``scale·Σ values``."""
+        if "plain" in p1:
+            torch.mul(p1["plain"], scale, out=out)
+            return
+        n, m, r = self.dims(p1.plan)
+        q = p2["q"].view(m, r) * scale
+        self._step_q[ctx.key] = q
+        torch.matmul(self._step_ph[ctx.key], q.t(), out=out.view(n, m))
+
+    def decompress(self, p: Payload, out: torch.Tensor, accumulate: bool, scale: float,
+                   ctx: Optional[CompressCtx] = None) -> None:
+        raise TypeError("ds_gravac: powersgd payloads decode after two rounds (decompress_rounds)")
+
+    def sent_payload_words(self, plan: TensorPlan) -> int:
+        second = plan.get("round2")
+        return plan.words + (second.words if second is not None else 0)
+
+    # ---- memory ------------------------------------------------------------------------------------------
+    def commit(self, x: Tensor, p: Payload, ctx: CompressCtx) -> None:
+        """Nothing yet: PowerSGD's error needs the aggregate (see :meth:`commit_aggregate`)."""
+
+    def commit_aggregate(self, x: Tensor, g: Tensor, payloads: Sequence[Payload], ctx: CompressCtx) -> None:
+        """Finite step, sent compressed: ``E ← X − G`` and ``Q_prev ← Q/N``; plain matrices keep no error. Sent
+        dense (no payloads): the warm start follows the exact average (:meth:`refresh`)."""
+        if not payloads:
+            if self.params.warm_start:
+                self.refresh(ctx, g, "q")
+            return
+        p1 = payloads[0]
+        if "plain" in p1 or not self.uses_error(ctx):
+            x.zero_()
+        else:
+            x.sub_(g)
+        q = self._step_q.pop(ctx.key, None)
+        if q is not None and self.params.warm_start:
+            n, m, r = self.dims(p1.plan)
+            self.factor(ctx, "q", m, self.width(n, m))
+            self.adopt(ctx, "q", q, r)
+        self._step_ph.pop(ctx.key, None)
