@@ -62,7 +62,7 @@ def system_matrix(steps: int, epsilon: float = 0.7, theta_min: float = 10.0) -> 
         SystemSpec("gv_accordion_topk", "gravac",
                    {"mode": "accordion", "compressor": "topk", "min_compress_numel": MIN_NUMEL,
                     "accordion": {"interval_steps": window, "low_compression": 1.01, "high_compression": 10}},
-                   "Accordion over Top-k CF 1.01/10 (the PowerSGD rank 4/1 variant needs the low-rank family)"),
+                   "Accordion over Top-k CF 1.01/10"),
         SystemSpec("gv_gravac", "gravac", gravac, f"GraVAC Top-k exponential {theta_min:g}→1000, window {window}"),
         SystemSpec("gv_gravac_dgc", "gravac", {**gravac, "compressor": dgc, "min_compress_numel": 0}),
         # Momentum-factor masking zeroes u at every sent entry; at low CF that is most large entries each step, so
@@ -71,8 +71,33 @@ def system_matrix(steps: int, epsilon: float = 0.7, theta_min: float = 10.0) -> 
           for cf in (10, 100, 1000)],
         SystemSpec("gv_gravac_dgc_nomask", "gravac", {**gravac, "compressor": dgc_nomask, "min_compress_numel": 0},
                    "GraVAC over DGC with momentum_masking false"),
+        *lowrank_systems(gravac, window),
     ]
     return {s.id: s for s in specs}
+
+
+LOWRANK = ("powersgd", "acpsgd")
+LOWRANK_THETA_MIN = 50.0      # ResNet101's large convolutions at rank ~9: the probe base stays cheap
+
+
+def lowrank_systems(gravac: dict[str, Any], window: int) -> list[SystemSpec]:
+    """PowerSGD and ACP-SGD at rank 1 and 4, Accordion over ranks (4 in critical regimes, 1 otherwise) and GraVAC
+    over ranks (θ mapped to a rank per matrix), each over both compressors."""
+    out = []
+    for comp in LOWRANK:
+        for rank in (1, 4):
+            out.append(SystemSpec(f"gv_{comp}_r{rank}", "gravac",
+                                  {"mode": "static", "compressor": {"type": comp, "params": {"rank": rank}},
+                                   "min_compress_numel": MIN_NUMEL},
+                                  f"{comp} rank {rank}"))
+        out.append(SystemSpec(f"gv_accordion_{comp}", "gravac",
+                              {"mode": "accordion", "compressor": comp, "min_compress_numel": MIN_NUMEL,
+                               "accordion": {"interval_steps": window}},
+                              f"Accordion over {comp}: rank 4 in critical regimes, rank 1 otherwise"))
+        out.append(SystemSpec(f"gv_gravac_{comp}", "gravac",
+                              {**gravac, "compressor": comp, "theta_min": LOWRANK_THETA_MIN},
+                              f"GraVAC over {comp} ranks, θ {LOWRANK_THETA_MIN:g}→1000 mapped to ranks per matrix"))
+    return out
 
 
 def resolve_system(matrix: dict[str, SystemSpec], sid: str) -> SystemSpec:

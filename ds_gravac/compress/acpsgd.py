@@ -37,8 +37,8 @@ class ACPSGD(LowRankCompressor):
         self.p_levels: dict[str, float] = {}      # replicated: the level each matrix used at its last P-step
 
     def factor_plan(self, n: int, m: int, r: int, level: float) -> TensorPlan:
-        rows = n if self.phase == P_STEP else m
-        return TensorPlan(n * m, level, r, (Section("f", F32, rows * r),), rows * r,
+        cols = n if self.phase == P_STEP else m          # the factor is sent transposed: r × n or r × m
+        return TensorPlan(n * m, level, r, (Section("f", F32, cols * r),), cols * r,
                           extra=(("shape", (n, m)), ("rank", r), ("phase", self.phase)))
 
     def member_level(self, ctx: CompressCtx, level: float) -> float:
@@ -48,37 +48,44 @@ class ACPSGD(LowRankCompressor):
         return level
 
     def _shared(self, ctx: CompressCtx, plan: TensorPlan) -> tuple[Tensor, int, int, int]:
-        """The orthonormal shared factor of this step (``Qh`` on P-steps, ``Ph`` on Q-steps) at its rank."""
+        """The orthonormal shared factor of this step, transposed (``Qhᵀ``: r × m on P-steps, ``Phᵀ``: r × n on
+        Q-steps)."""
         n, m, r = self.dims(plan)
         w = self.width(n, m)
         basis = self.basis(ctx, "q", m, w) if plan.get("phase") == P_STEP else self.basis(ctx, "p", n, w)
-        return basis[:, :r], n, m, r
+        return basis[:r], n, m, r
 
     # ---- encode / decode ----------------------------------------------------------------------------------
     def compress(self, x: Tensor, plan: TensorPlan, out: Payload, ctx: CompressCtx,
                  update_state: bool) -> Optional[Tensor]:
+        """P-step: ``Pᵀ_w = Qhᵀ·Xᵀ`` (r × n); Q-step: ``Qᵀ_w = Phᵀ·X`` (r × m); plain matrices: their values."""
         if "plain" in out:
             out["plain"].copy_(x)
         else:
             shared, n, m, r = self._shared(ctx, plan)
             xm = x.view(n, m)
             if plan.get("phase") == P_STEP:
-                torch.matmul(xm, shared, out=out["f"].view(n, r))
+                torch.mm(shared, xm.t(), out=out["f"].view(r, n))
             else:
-                torch.matmul(xm.t(), shared, out=out["f"].view(m, r))
+                torch.mm(shared, xm, out=out["f"].view(r, m))
         if update_state:
             self.commit(x, out, ctx)
         return None
 
     def compress_from(self, p1: Payload, x: Tensor, plan2: TensorPlan, out: Payload,
                       ctx: CompressCtx) -> Optional[Tensor]:
-        """A lower rank is the leading columns of a higher rank's factor (same orthonormal basis)."""
+        """A lower rank is the leading rows of a higher rank's factor (same orthonormal basis)."""
         if "f" in p1 and "f" in out and p1.plan.k >= plan2.k:
-            n, m, r1 = self.dims(p1.plan)
-            rows = n if plan2.get("phase") == P_STEP else m
-            self.prefix(p1["f"], rows, r1, plan2.k, out["f"])
+            self.prefix(p1["f"], out["f"])
             return None
         return self.compress(x, plan2, out, ctx, update_state=False)
+
+    def _outer(self, p: Payload, ctx: CompressCtx) -> tuple[Tensor, Tensor, int, int]:
+        """``(A, B)`` with ``A·B`` = the payload's rank-r matrix (n × m): ``P·Qhᵀ`` or ``Ph·Qᵀ``."""
+        shared, n, m, r = self._shared(ctx, p.plan)
+        if p.plan.get("phase") == P_STEP:
+            return p["f"].view(r, n).t(), shared, n, m
+        return shared.t(), p["f"].view(r, m), n, m
 
     def decompress(self, p: Payload, out: Tensor, accumulate: bool, scale: float,
                    ctx: Optional[CompressCtx] = None) -> None:
@@ -90,13 +97,11 @@ class ACPSGD(LowRankCompressor):
             else:
                 torch.mul(p["plain"], scale, out=out)
             return
-        shared, n, m, r = self._shared(ctx, p.plan)
-        f = p["f"].view(n if p.plan.get("phase") == P_STEP else m, r) * scale
-        left, right = (f, shared) if p.plan.get("phase") == P_STEP else (shared, f)
+        a, b, n, m = self._outer(p, ctx)
         if accumulate:
-            out.view(n, m).addmm_(left, right.t())
+            out.view(n, m).addmm_(a, b, alpha=scale)
         else:
-            torch.matmul(left, right.t(), out=out.view(n, m))
+            torch.mm(a, b * scale, out=out.view(n, m))
 
     # ---- memory ------------------------------------------------------------------------------------------
     def commit(self, x: Tensor, p: Payload, ctx: CompressCtx) -> None:
@@ -104,10 +109,8 @@ class ACPSGD(LowRankCompressor):
         if "plain" in p or not self.uses_error(ctx):
             x.zero_()
             return
-        shared, n, m, r = self._shared(ctx, p.plan)
-        f = p["f"].view(n if p.plan.get("phase") == P_STEP else m, r)
-        left, right = (f, shared) if p.plan.get("phase") == P_STEP else (shared, f)
-        x.view(n, m).addmm_(left, right.t(), alpha=-1.0)
+        a, b, n, m = self._outer(p, ctx)
+        x.view(n, m).addmm_(a, b, alpha=-1.0)
 
     def commit_aggregate(self, x: Tensor, g: Tensor, payloads: Sequence[Payload], ctx: CompressCtx) -> None:
         """Finite step, sent compressed: the aggregated factor (a sum: orth is scale-invariant) is shared. Sent
@@ -121,9 +124,9 @@ class ACPSGD(LowRankCompressor):
         if "f" not in p:
             return
         n, m, r = self.dims(p.plan)
-        side, rows = ("p", n) if p.plan.get("phase") == P_STEP else ("q", m)
-        self.factor(ctx, side, rows, self.width(n, m))
-        self.adopt(ctx, side, p["f"].view(rows, r), r)
+        side, cols = ("p", n) if p.plan.get("phase") == P_STEP else ("q", m)
+        self.factor(ctx, side, cols, self.width(n, m))
+        self.adopt(ctx, side, p["f"].view(r, cols), r)
 
     def step_committed(self, compressed: bool) -> None:
         """The parity flips only after a finite step that sent ACP payloads."""

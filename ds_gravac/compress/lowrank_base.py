@@ -136,31 +136,42 @@ class LowRankCompressor(Compressor):
         return n, m, int(plan.get("rank"))
 
     # ---- factors (replicated) --------------------------------------------------------------------------
-    def factor(self, ctx: CompressCtx, side: str, rows: int, width: int) -> Tensor:
-        """The stored factor ``side`` ("p": n rows, "q": m rows) of a matrix, drawn from the shared seeded stream
-        the first time (identical on every rank, independent of the global RNG)."""
+    # Factors and payloads are stored transposed, one row per rank-one component (``Qᵀ``: W × m, ``Pᵀ``: W × n,
+    # row-major): a lower rank is a contiguous prefix of rows, and every product below is a GEMM whose small side
+    # is the leading dimension (``Fᵀ·Xᵀ`` or ``Fᵀ·X``), several times faster on CPU BLAS than ``X·F`` with a
+    # skinny ``F`` (measured 3-10x at r = 2 to 4 on ResNet shapes).
+    def factor(self, ctx: CompressCtx, side: str, cols: int, width: int) -> Tensor:
+        """The stored factor ``side`` ("p": n columns, "q": m columns) of a matrix as ``width × cols``, drawn from
+        the shared seeded stream the first time (identical on every rank, independent of the global RNG)."""
         device = ctx.param.device if ctx.param is not None else torch.device("cpu")
         store = self.factors.setdefault(ctx.key, {})
         f = store.get(side)
-        if f is None or tuple(f.shape) != (rows, width):
-            f = store[side] = seeded_factor(ctx.seed, f"{ctx.key}:{side}", rows, width, device=device)
+        if f is None or tuple(f.shape) != (width, cols):
+            f = store[side] = seeded_factor(ctx.seed, f"{ctx.key}:{side}", cols, width, device=device).t() \
+                .contiguous()
         elif f.device != device:          # restored from a checkpoint on the CPU
             f = store[side] = f.to(device)
         return f
 
-    def basis(self, ctx: CompressCtx, side: str, rows: int, width: int) -> Tensor:
-        """``orth(factor)``, cached until the factor changes; lower ranks use its leading columns."""
+    def basis(self, ctx: CompressCtx, side: str, cols: int, width: int) -> Tensor:
+        """``orth(F)ᵀ`` (``width × cols``, orthonormal rows), cached until the factor changes; lower ranks use its
+        leading rows."""
         key = (ctx.key, side)
         b = self._bases.get(key)
-        if b is None or tuple(b.shape) != (rows, width):
-            b = self._bases[key] = orthogonalize(self.factor(ctx, side, rows, width), self.params.orthogonalize,
-                                                 self.params.orth_eps)
+        if b is None or tuple(b.shape) != (width, cols):
+            f = self.factor(ctx, side, cols, width)
+            b = self._bases[key] = orthogonalize(f.t(), self.params.orthogonalize, self.params.orth_eps).t() \
+                .contiguous()
         return b
 
-    def adopt(self, ctx: CompressCtx, side: str, new: Tensor, cols: int) -> None:
-        """Store the aggregated factor's ``cols`` leading columns (after the agreement)."""
+    def orth_rows(self, ft: Tensor) -> Tensor:
+        """Orthonormal rows spanning the rows of ``ft`` (a reduced ``Pᵀ`` or ``Qᵀ``), contiguous."""
+        return orthogonalize(ft.t(), self.params.orthogonalize, self.params.orth_eps).t().contiguous()
+
+    def adopt(self, ctx: CompressCtx, side: str, new: Tensor, rows: int) -> None:
+        """Store the aggregated factor's ``rows`` leading components (after the agreement)."""
         f = self.factors[ctx.key][side]
-        f[:, :cols].copy_(new)
+        f[:rows].copy_(new)
         self._bases.pop((ctx.key, side), None)
 
     def refresh(self, ctx: CompressCtx, g: Tensor, side: str) -> None:
@@ -171,13 +182,12 @@ class LowRankCompressor(Compressor):
         n, m = matrix_shape(ctx.shape)
         w = self.width(n, m)
         gm = g.view(n, m)
-        o, eps = self.params.orthogonalize, self.params.orth_eps
         if side == "q":
-            ph = orthogonalize(gm @ self.basis(ctx, "q", m, w), o, eps)
-            self.adopt(ctx, "q", gm.t() @ ph, w)
+            pht = self.orth_rows(torch.mm(self.basis(ctx, "q", m, w), gm.t()))       # orth(G·Qh)ᵀ
+            self.adopt(ctx, "q", torch.mm(pht, gm), w)                                # (Gᵀ·Ph)ᵀ
         else:
-            qh = orthogonalize(gm.t() @ self.basis(ctx, "p", n, w), o, eps)
-            self.adopt(ctx, "p", gm @ qh, w)
+            qht = self.orth_rows(torch.mm(self.basis(ctx, "p", n, w), gm))           # orth(Gᵀ·Ph)ᵀ
+            self.adopt(ctx, "p", torch.mm(qht, gm.t()), w)                            # (G·Qh)ᵀ
 
     # ---- the error memory --------------------------------------------------------------------------------
     def compensate(self, g: Tensor, out: Tensor, ctx: CompressCtx) -> None:
@@ -196,9 +206,9 @@ class LowRankCompressor(Compressor):
         return words.double().square().sum()
 
     @staticmethod
-    def prefix(src: Tensor, rows: int, cols_src: int, cols: int, out: Tensor) -> None:
-        """The ``cols`` leading columns of a row-major ``rows × cols_src`` factor, into ``out``."""
-        out.view(rows, cols).copy_(src.view(rows, cols_src)[:, :cols])
+    def prefix(src: Tensor, out: Tensor) -> None:
+        """A lower rank's payload from a higher one: the leading rows of ``Fᵀ`` are a contiguous prefix."""
+        out.copy_(src[:out.numel()])
 
     # ---- checkpoints ------------------------------------------------------------------------------------
     def replicated_extra(self) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 import torch
 
 from .base import CompressCtx, Payload, Section, TensorPlan
-from .lowrank import orthogonalize, seeded_factor
+from .lowrank import seeded_factor
 from .lowrank_base import F32, LowRankCompressor, LowRankParams
 
 Tensor = torch.Tensor
@@ -40,46 +40,47 @@ class PowerSGD(LowRankCompressor):
         self._step_q: dict[str, Tensor] = {}      # this step's averaged Q, adopted at the commit
 
     def factor_plan(self, n: int, m: int, r: int, level: float) -> TensorPlan:
-        q_plan = TensorPlan(m * r, level, r, (Section("q", F32, m * r),), 0)
-        return TensorPlan(n * m, level, r, (Section("p", F32, n * r),), (n + m) * r,
+        q_plan = TensorPlan(m * r, level, r, (Section("q", F32, m * r),), 0)          # Qᵀ_w, r × m
+        return TensorPlan(n * m, level, r, (Section("p", F32, n * r),), (n + m) * r,     # Pᵀ_w, r × n
                           extra=(("shape", (n, m)), ("rank", r), ("round2", q_plan)))
 
-    def _qh(self, ctx: CompressCtx, m: int, width: int) -> Tensor:
+    def _qht(self, ctx: CompressCtx, m: int, width: int) -> Tensor:
+        """``orth(Q_prev)ᵀ`` (width × m): the warm start, or a fresh seeded draw every step without it."""
         if self.params.warm_start:
             return self.basis(ctx, "q", m, width)
         fresh = seeded_factor(ctx.seed, f"{ctx.key}:q:step{ctx.step}", m, width,
                               device=ctx.param.device if ctx.param is not None else "cpu")
-        return orthogonalize(fresh, self.params.orthogonalize, self.params.orth_eps)
+        return self.orth_rows(fresh.t())
 
     # ---- round 1 -----------------------------------------------------------------------------------------
     def compress(self, x: Tensor, plan: TensorPlan, out: Payload, ctx: CompressCtx,
                  update_state: bool) -> Optional[Tensor]:
+        """Round 1: ``Pᵀ_w = Qhᵀ·Xᵀ`` (r × n) into the payload; plain matrices: their values."""
         if "plain" in out:
             out["plain"].copy_(x)
             return None
         n, m, r = self.dims(plan)
-        qh = self._qh(ctx, m, self.width(n, m))
-        torch.matmul(x.view(n, m), qh[:, :r], out=out["p"].view(n, r))
+        qht = self._qht(ctx, m, self.width(n, m))
+        torch.mm(qht[:r], x.view(n, m).t(), out=out["p"].view(r, n))
         return None
 
     def compress_from(self, p1: Payload, x: Tensor, plan2: TensorPlan, out: Payload,
                       ctx: CompressCtx) -> Optional[Tensor]:
-        """A lower rank is the leading columns of a higher rank's ``P_w`` (same orthonormal basis)."""
+        """A lower rank is the leading rows of a higher rank's ``Pᵀ_w`` (same orthonormal basis)."""
         if "p" in p1 and "p" in out and p1.plan.k >= plan2.k:
-            n, _, r1 = self.dims(p1.plan)
-            self.prefix(p1["p"], n, r1, plan2.k, out["p"])
+            self.prefix(p1["p"], out["p"])
             return None
         return self.compress(x, plan2, out, ctx, update_state=False)
 
     # ---- round 2 and the result -----------------------------------------------------------------------------
     def next_round(self, x: Tensor, p1: Payload, p2: Payload, ctx: CompressCtx) -> None:
-        """``Q_w = Xᵀ·orth(P)`` from round 1's reduced ``P`` (plain matrices have no second round)."""
+        """``Qᵀ_w = Phᵀ·X`` from round 1's reduced ``P`` (plain matrices have no second round)."""
         if "p" not in p1:
             return
         n, m, r = self.dims(p1.plan)
-        ph = orthogonalize(p1["p"].view(n, r), self.params.orthogonalize, self.params.orth_eps)
-        self._step_ph[ctx.key] = ph
-        torch.matmul(x.view(n, m).t(), ph, out=p2["q"].view(m, r))
+        pht = self.orth_rows(p1["p"].view(r, n))
+        self._step_ph[ctx.key] = pht
+        torch.mm(pht, x.view(n, m), out=p2["q"].view(r, m))
 
     def decompress_rounds(self, p1: Payload, p2: Payload, out: Tensor, scale: float, ctx: CompressCtx) -> None:
         """``out = Ph·(scale·Q)ᵀ``; plain matrices: ``scale·Σ values``."""
@@ -87,9 +88,9 @@ class PowerSGD(LowRankCompressor):
             torch.mul(p1["plain"], scale, out=out)
             return
         n, m, r = self.dims(p1.plan)
-        q = p2["q"].view(m, r) * scale
-        self._step_q[ctx.key] = q
-        torch.matmul(self._step_ph[ctx.key], q.t(), out=out.view(n, m))
+        qt = p2["q"].view(r, m) * scale
+        self._step_q[ctx.key] = qt
+        torch.mm(self._step_ph[ctx.key].t(), qt, out=out.view(n, m))
 
     def decompress(self, p: Payload, out: torch.Tensor, accumulate: bool, scale: float,
                    ctx: Optional[CompressCtx] = None) -> None:
@@ -115,9 +116,9 @@ class PowerSGD(LowRankCompressor):
             x.zero_()
         else:
             x.sub_(g)
-        q = self._step_q.pop(ctx.key, None)
-        if q is not None and self.params.warm_start:
+        qt = self._step_q.pop(ctx.key, None)
+        if qt is not None and self.params.warm_start:
             n, m, r = self.dims(p1.plan)
             self.factor(ctx, "q", m, self.width(n, m))
-            self.adopt(ctx, "q", q, r)
+            self.adopt(ctx, "q", qt, r)
         self._step_ph.pop(ctx.key, None)

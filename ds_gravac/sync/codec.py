@@ -115,9 +115,11 @@ class BucketCodec:
         return Payload(plan, buf[:plan.words])
 
     def end_step(self) -> bool:
-        """Drop the buffers of levels this step neither sent nor measured; True when host buffers were dropped."""
+        """Drop the buffers of levels this step neither sent nor measured (a level's layouts for the other phases
+        stay: ACP-SGD alternates them every step); True when host buffers were dropped."""
         dropped = len(self._layouts) + len(self._scratch)
-        self._layouts = {k: v for k, v in self._layouts.items() if k in self._used_layouts}
+        levels = {k[0] for k in self._used_layouts}     # a used level keeps its layouts of every phase (ACP's P/Q)
+        self._layouts = {k: v for k, v in self._layouts.items() if k[0] in levels}
         self._scratch = {k: v for k, v in self._scratch.items() if k in self._used_scratch}
         dropped -= len(self._layouts) + len(self._scratch)
         self._used_layouts, self._used_scratch = set(), set()

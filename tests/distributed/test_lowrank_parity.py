@@ -67,7 +67,8 @@ def _job(rank: int, world: int) -> dict:
     model = _model()
     engine, *_ = ds_gravac.initialize(model=model, model_parameters=model.parameters(), config=cfg)
     handle = ds_gravac.get_handle(engine)
-    handle.compressor.load_state_dict({"replicated": {"factors": {"weight": {"q": _pytorch_first_factor()}}}})
+    first = _pytorch_first_factor().t().contiguous()          # ds_gravac stores factors transposed (rank × m)
+    handle.compressor.load_state_dict({"replicated": {"factors": {"weight": {"q": first}}}})
     ours = []
     for s in range(STEPS):
         x, y = _data(rank, s)

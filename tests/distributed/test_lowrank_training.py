@@ -42,7 +42,7 @@ def _train(rank: int, comp: str, steps: int, gas: int = 1, bf16: bool = False) -
     handle = ds_gravac.get_handle(engine)
     M.train(engine, rank, steps, gas=gas, dtype=torch.bfloat16 if bf16 else None)
     return {"params": M.params_of(engine), "records": handle.pop_stats(),
-            "buckets": handle.sync.plan.num_buckets,
+            "buckets": handle.sync.plan.num_buckets, "rounds": handle.sync.pattern.rounds,
             "compressible_buckets": sum(b.compressible for b in handle.sync.plan.buckets)}
 
 
@@ -181,6 +181,7 @@ def test_replicas_bitwise_identical_and_bytes_as_the_formulas_say(two_ranks: lis
                           comm_bytes=comm_bytes)
         assert rec["bytes_sent"] == pytest.approx(want, abs=0.5), (run, rec["step"])
     assert a["compressible_buckets"] >= 6
+    assert a["rounds"] == (2 if comp == "powersgd" else 1), "ACP-SGD: one all-reduce per bucket per step"
 
 
 def test_three_ranks_replicas_bitwise_identical(three_ranks: list) -> None:

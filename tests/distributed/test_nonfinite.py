@@ -1,7 +1,8 @@
 """A NaN/Inf gradient on one rank: the ranks agree on it in the same step, the gradients go out exactly as plain
 DeepSpeed would average them, and no ds_gravac state changes or ever holds a non-finite value.
 
-Acceptance: 2 ranks, static Top-k 10x and GraVAC, one tensor > 131,072 elements (compressed) and small ones
+Acceptance: 2 ranks, static Top-k 10x and GraVAC (and PowerSGD / ACP-SGD at rank 2, whose shared factors and
+ACP's parity must not move either), one tensor > 131,072 elements (compressed) and small ones
 (dense-classified); rank 1's gradient gets an Inf in the big tensor (and, separately, a NaN in a small one) at
 step 5; the training loop notices the non-finite gradient and skips that optimizer step (as a user's loop or loss
 scaler would). After 30 optimizer steps the parameters are bitwise equal to those of a loop that skipped step 5's
@@ -21,6 +22,8 @@ from harness import run_ranks
 STEPS, BAD_BATCH, MIN_NUMEL = 30, 5, 1000
 STATIC = {"mode": "static", "compressor": "topk", "cf": 10, "min_compress_numel": MIN_NUMEL,
           "bucket_cap_mb": 0.3}
+LOWRANK = {comp: {"mode": "static", "compressor": {"type": comp, "params": {"rank": 2}},
+                  "min_compress_numel": MIN_NUMEL, "bucket_cap_mb": 0.3} for comp in ("powersgd", "acpsgd")}
 GRAVAC = {"mode": "gravac", "compressor": "topk", "theta_min": 4, "theta_max": 100, "epsilon": 0.3,
           "omega": 0.0, "window": 10, "refresh_steps": 3, "min_sent_steps": 3, "min_compress_numel": MIN_NUMEL,
           "bucket_cap_mb": 0.3}
@@ -53,7 +56,8 @@ def _tensors(obj) -> list[torch.Tensor]:
 def _finite_state(handle) -> bool:
     """Every tensor of the rank's ds_gravac state (residuals, DGC memory, ...) and every controller record."""
     state = handle.state_dict()
-    tensors_ok = all(bool(torch.isfinite(t).all()) for t in _tensors(state["local"]) if t.is_floating_point())
+    owned = _tensors(state["local"]) + _tensors(state["replicated"].get("compressor", {}))   # + low-rank factors
+    tensors_ok = all(bool(torch.isfinite(t).all()) for t in owned if t.is_floating_point())
     ctrl = state["replicated"]["controller"]
     rows = [v for key in ("gains", "thru") for row in ctrl.get(key, []) for v in row]
     return tensors_ok and all(math.isfinite(float(v)) for v in rows)
@@ -108,10 +112,11 @@ def _job(rank: int, world: int, gravac: dict, poison: str, skip_batch_only: bool
 
 
 @pytest.fixture(scope="module", params=[("static", "inf"), ("static", "nan"), ("gravac", "inf"),
-                                        ("gravac", "nan")], ids=lambda p: f"{p[0]}-{p[1]}")
+                                        ("gravac", "nan"), ("powersgd", "inf"), ("acpsgd", "inf")],
+                ids=lambda p: f"{p[0]}-{p[1]}")
 def runs(request: pytest.FixtureRequest) -> tuple[list, list]:
     mode, poison = request.param
-    gravac = STATIC if mode == "static" else GRAVAC
+    gravac = {"static": STATIC, "gravac": GRAVAC}.get(mode) or LOWRANK[mode]
     return run_ranks(_job, 2, gravac, poison, False), run_ranks(_job, 2, gravac, poison, True)
 
 

@@ -23,7 +23,9 @@ def test_configs_exist() -> None:
     names = set(IDS)
     for model in ("resnet101", "vgg16", "lstm"):
         for kind in ("dense", "topk_10x", "topk_1000x", "dgc_10x", "dgc_1000x", "redsync_10x", "redsync_1000x",
-                     "randomk_10x", "randomk_1000x", "accordion", "gravac_exp", "gravac_geo"):
+                     "randomk_10x", "randomk_1000x", "accordion", "gravac_exp", "gravac_geo",
+                     "powersgd_r1", "powersgd_r4", "acpsgd_r1", "acpsgd_r4", "accordion_powersgd",
+                     "accordion_acpsgd", "gravac_powersgd", "gravac_acpsgd"):
             assert f"{model}_{kind}.json" in names
     assert "gravac_topk.json" in names
 
