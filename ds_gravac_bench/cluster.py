@@ -201,8 +201,8 @@ class EmulatedCluster:
                 result.returncode = proc.returncode
         return results
 
-    def _launch(self, kind: str, per_rank: list[list[str]], port: int, tail: list[str], timeout: float
-                ) -> list[RankResult]:
+    def _launch(self, kind: str, per_rank: list[list[str]], port: int, tail: list[str], timeout: float,
+                grace: float = 10.0) -> list[RankResult]:
         """Run ``<venv>/bin/<kind> <per_rank[i]> --master_addr 10.77.<T>.1 --master_port <port> <tail>`` on rank i."""
         self._launches += 1
         if not self._ops_warm:     # a cold JIT compile on one pinned core per rank takes minutes (warm_ops.py)
@@ -211,13 +211,14 @@ class EmulatedCluster:
             self._ops_warm = True
         cmds = [[str(VENV_BIN / kind), *own, "--master_addr", self.master_addr, "--master_port", str(port), *tail]
                 for own in per_rank]
-        return self.run_all(cmds, f"{kind}{self._launches}-{os.getpid()}", timeout)
+        return self.run_all(cmds, f"{kind}{self._launches}-{os.getpid()}", timeout, grace)
 
-    def launch_deepspeed(self, script: str, args: list[str] = (), port: int = 29500, timeout: float = 600.0
-                         ) -> list[RankResult]:
-        """``deepspeed --hostfile H --no_ssh --node_rank i --master_addr 10.77.<T>.1 ...`` in every namespace."""
+    def launch_deepspeed(self, script: str, args: list[str] = (), port: int = 29500, timeout: float = 600.0,
+                         grace: float = 10.0) -> list[RankResult]:
+        """``deepspeed --hostfile H --no_ssh --node_rank i --master_addr 10.77.<T>.1 ...`` in every namespace;
+        ``grace``: seconds the other ranks get once one failed (then they are stopped)."""
         per_rank = [["--hostfile", str(self.hostfile), "--no_ssh", "--node_rank", str(i)] for i in range(self.ranks)]
-        return self._launch("deepspeed", per_rank, port, [script, *args], timeout)
+        return self._launch("deepspeed", per_rank, port, [script, *args], timeout, grace)
 
     def launch_torchrun(self, script: str, args: list[str] = (), port: int = 29500, timeout: float = 600.0
                         ) -> list[RankResult]:

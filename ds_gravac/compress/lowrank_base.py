@@ -114,7 +114,10 @@ class LowRankCompressor(Compressor):
         if plan is None:
             n, m = matrix_shape(shape)
             r = self.rank_for(n, m, level)
-            plan = self.factor_plan(n, m, r, float(level)) if self.pays(n, m, r) else self.plain_plan(n, m, level)
+            if self.pays(n, m, r):      # never above the stored factors (a level beyond the bound fixed at attach)
+                plan = self.factor_plan(n, m, min(r, self.width(n, m)), float(level))
+            else:
+                plan = self.plain_plan(n, m, level)
             self._tensor_plans[key] = plan
         return plan
 
@@ -159,10 +162,21 @@ class LowRankCompressor(Compressor):
         key = (ctx.key, side)
         b = self._bases.get(key)
         if b is None or tuple(b.shape) != (width, cols):
-            f = self.factor(ctx, side, cols, width)
-            b = self._bases[key] = orthogonalize(f.t(), self.params.orthogonalize, self.params.orth_eps).t() \
-                .contiguous()
+            self.factor(ctx, side, cols, width)
+            self._orthogonalize_group(side, (width, cols), ctx.key)
+            b = self._bases[key]
         return b
+
+    def _orthogonalize_group(self, side: str, shape: tuple[int, int], key: str) -> None:
+        """Orthonormalize, in one batched call, every stored ``side`` factor of this shape whose basis is stale
+        (same-shape matrices are common: a ResNet's blocks repeat their convolutions)."""
+        keys = [k for k, f in self.factors.items() if side in f and tuple(f[side].shape) == shape
+                and (k, side) not in self._bases]
+        keys = keys if key in keys else keys + [key]
+        stacked = torch.stack([self.factors[k][side].t() for k in keys])          # batch × cols × width
+        bases = orthogonalize(stacked, self.params.orthogonalize, self.params.orth_eps).transpose(1, 2)
+        for k, b in zip(keys, bases):
+            self._bases[(k, side)] = b.contiguous()
 
     def orth_rows(self, ft: Tensor) -> Tensor:
         """Orthonormal rows spanning the rows of ``ft`` (a reduced ``Pᵀ`` or ``Qᵀ``), contiguous."""

@@ -130,12 +130,22 @@ def _accordion_job(rank: int, world: int, diverge: bool) -> dict:
     return {"levels": levels, "error": error}
 
 
-def test_accordion_uses_the_agreed_learning_rate() -> None:
-    r0, r1 = run_ranks(_accordion_job, 2, False, timeout=200)
+def _accordion_jobs(rank: int, world: int) -> dict:
+    """The agreed run, then the one whose rank 1 diverges (it ends in the checksum error), on one spawn."""
+    return {diverge: _accordion_job(rank, world, diverge) for diverge in (False, True)}
+
+
+@pytest.fixture(scope="module")
+def accordion_runs() -> list:
+    return run_ranks(_accordion_jobs, 2, timeout=200)
+
+
+def test_accordion_uses_the_agreed_learning_rate(accordion_runs: list) -> None:
+    r0, r1 = (r[False] for r in accordion_runs)
     assert not r0["error"] and not r1["error"], (r0["error"], r1["error"])
     assert r0["levels"] == r1["levels"] and len(r0["levels"]) == 12
 
 
-def test_accordion_state_checksum_catches_diverged_codes() -> None:
-    for res in run_ranks(_accordion_job, 2, True, timeout=200):
+def test_accordion_state_checksum_catches_diverged_codes(accordion_runs: list) -> None:
+    for res in (r[True] for r in accordion_runs):
         assert "ranks hold different controller states at step 9" in res["error"], res

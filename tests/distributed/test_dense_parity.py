@@ -27,9 +27,18 @@ def _parity_job(rank: int, world: int, bf16: bool) -> dict:
     return out
 
 
+def _parity_jobs(rank: int, world: int) -> dict:
+    return {bf16: _parity_job(rank, world, bf16) for bf16 in (False, True)}     # one spawn for both dtypes
+
+
+@pytest.fixture(scope="module")
+def parity_runs() -> list:
+    return run_ranks(_parity_jobs, 2)
+
+
 @pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
-def test_dense_and_none_bitwise_equal_to_deepspeed(bf16: bool) -> None:
-    results = run_ranks(_parity_job, 2, bf16)
+def test_dense_and_none_bitwise_equal_to_deepspeed(parity_runs: list, bf16: bool) -> None:
+    results = [r[bf16] for r in parity_runs]
     for rank_result in results:
         ref = rank_result["deepspeed"]["params"]
         for name in ("dense", "none"):

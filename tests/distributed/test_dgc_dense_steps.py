@@ -41,14 +41,30 @@ def _rel_err(a: dict, b: dict, start: dict) -> float:
     return num / den
 
 
-@pytest.mark.parametrize("keep, masking, momentum", [(False, True, 0.0), (False, False, 0.0), (True, False, 0.9),
-                                                     (True, True, 0.0)],
-                         ids=["spec_reset", "spec_reset_nomask", "keep_momentum", "keep_but_masked"])
-def test_dgc_dense_steps_match_deepspeed_sgd(keep: bool, masking: bool, momentum: float) -> None:
-    params = {"momentum": 0.9, "momentum_masking": masking, "dense_keeps_momentum": keep}
-    got = run_ranks(_job, 2, params, 0.9)
-    want = run_ranks(_job, 2, None, momentum)[0]
-    other = run_ranks(_job, 2, None, 0.9 if momentum == 0.0 else 0.0)[0]
+CASES = {"spec_reset": (False, True, 0.0), "spec_reset_nomask": (False, False, 0.0),
+         "keep_momentum": (True, False, 0.9), "keep_but_masked": (True, True, 0.0)}
+
+
+def _all_jobs(rank: int, world: int) -> dict:
+    """Every DGC variant and both DeepSpeed references (momentum 0 and 0.9) in one spawn of the ranks."""
+    out = {m: _job(rank, world, None, m) for m in (0.0, 0.9)}
+    for case, (keep, masking, _) in CASES.items():
+        out[case] = _job(rank, world, {"momentum": 0.9, "momentum_masking": masking, "dense_keeps_momentum": keep},
+                         0.9)
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs() -> list:
+    return run_ranks(_all_jobs, 2)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_dgc_dense_steps_match_deepspeed_sgd(runs: list, case: str) -> None:
+    _, _, momentum = CASES[case]
+    got = [r[case] for r in runs]
+    want = runs[0][momentum]
+    other = runs[0][0.9 if momentum == 0.0 else 0.0]
     start = M.params_of_model(M.make_model())
     for res in got:
         assert _rel_err(res, want, start) < 1e-5
@@ -67,10 +83,19 @@ def _optimizer_job(rank: int, world: int, local_wd: bool) -> dict:
     return {"attached": attached, "detached": (group["momentum"], group["weight_decay"])}
 
 
+def _optimizer_jobs(rank: int, world: int) -> dict:
+    return {local_wd: _optimizer_job(rank, world, local_wd) for local_wd in (True, False)}
+
+
+@pytest.fixture(scope="module")
+def optimizer_runs() -> list:
+    return run_ranks(_optimizer_jobs, 2)
+
+
 @pytest.mark.parametrize("local_wd", [True, False])
-def test_weight_decay_stays_with_the_optimizer_unless_dgc_applies_it(local_wd: bool) -> None:
+def test_weight_decay_stays_with_the_optimizer_unless_dgc_applies_it(optimizer_runs: list, local_wd: bool) -> None:
     """DGC always takes the momentum; the weight decay only with ``local_weight_decay`` (otherwise the optimizer
     keeps applying it — it used to be zeroed either way, so the run had no weight decay at all)."""
-    for res in run_ranks(_optimizer_job, 2, local_wd):
+    for res in (r[local_wd] for r in optimizer_runs):
         assert res["attached"] == (0.0, 0.0 if local_wd else 1e-4)
         assert res["detached"] == (0.9, 1e-4)

@@ -77,11 +77,24 @@ def _reference(world: int, width: int, cf: float, dense_steps: frozenset[int]) -
 # tensors take Top-k's sampled-threshold path (auto, n >= 65,536), as ResNet101's large convolutions do. At 100x
 # the decoded entries cover < 5% of the bucket, so each decode clears only the previous step's positions; dense
 # steps in between (forced) send g + r and clear the memory, twice, so both EF buffers serve as the dense one.
-@pytest.fixture(scope="module", params=[(64, 10, ()), (300, 10, ()), (300, 100, (4, 7, 8))],
-                ids=["direct_selection", "sampled_threshold", "sampled_100x_sparse_clear_dense_steps"])
-def trained(request: pytest.FixtureRequest) -> tuple[int, float, frozenset[int], list]:
-    width, cf, dense = request.param
-    return width, cf, frozenset(dense), run_ranks(_job, 2, width, cf, frozenset(dense))
+CASES = {"direct_selection": (64, 10, ()), "sampled_threshold": (300, 10, ()),
+         "sampled_100x_sparse_clear_dense_steps": (300, 100, (4, 7, 8))}
+
+
+def _all_jobs(rank: int, world: int) -> dict:
+    """Every case on one spawn of the ranks."""
+    return {case: _job(rank, world, width, cf, frozenset(dense)) for case, (width, cf, dense) in CASES.items()}
+
+
+@pytest.fixture(scope="module")
+def all_trained() -> list:
+    return run_ranks(_all_jobs, 2)
+
+
+@pytest.fixture(params=list(CASES))
+def trained(request: pytest.FixtureRequest, all_trained: list) -> tuple[int, float, frozenset[int], list]:
+    width, cf, dense = CASES[request.param]
+    return width, cf, frozenset(dense), [r[request.param] for r in all_trained]
 
 
 def test_topk_error_feedback_matches_float64_reference(trained: tuple[int, float, frozenset[int], list]) -> None:

@@ -78,10 +78,21 @@ def _world_change_job(rank: int, world: int, save_dir: str) -> dict:
     return {"loaded": loaded, "messages": messages, "params": M.params_of(engine)}
 
 
+def _two_rank_jobs(rank: int, world: int, save_dir: str) -> dict:
+    """Every 2-rank job of this module on one spawn of the ranks."""
+    return {"resume": _resume_job(rank, world, save_dir), "accordion": _accordion_job(rank, world),
+            "gravac": _gravac_job(rank, world)}
+
+
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list]:
+def two_rank_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list]:
     save_dir = str(tmp_path_factory.mktemp("lowrank_ckpt"))
-    return save_dir, run_ranks(_resume_job, 2, save_dir)
+    return save_dir, run_ranks(_two_rank_jobs, 2, save_dir)
+
+
+@pytest.fixture(scope="module")
+def saved(two_rank_runs: tuple[str, list]) -> tuple[str, list]:
+    return two_rank_runs[0], [r["resume"] for r in two_rank_runs[1]]
 
 
 @pytest.mark.parametrize("comp", ["powersgd", "acpsgd"])
@@ -122,11 +133,11 @@ def _accordion_job(rank: int, world: int) -> dict:
     return out
 
 
-def test_accordion_switches_ranks_and_acp_waits_for_a_p_step() -> None:
+def test_accordion_switches_ranks_and_acp_waits_for_a_p_step(two_rank_runs: tuple[str, list]) -> None:
     """eta 100: every layer with a gradient is 'not critical' at the first decision point (step 6) and drops
     from rank 4 to 1.
     PowerSGD sends rank 1 from step 6; ACP's step 6 is a Q-step, so it keeps rank 4 until step 7 (a P-step)."""
-    results = run_ranks(_accordion_job, 2)
+    results = [r["accordion"] for r in two_rank_runs[1]]
     model = M.make_model(seed=0, width=64, depth=6)
     names = [n for n, _ in model.named_parameters()]
     for comp in ("powersgd", "acpsgd"):
@@ -184,5 +195,5 @@ def test_gravac_over_ranks_agrees_follows_the_schedule_and_sends_the_mapped_rank
 
 
 @pytest.fixture(scope="module")
-def gravac_runs() -> list:
-    return run_ranks(_gravac_job, 2)
+def gravac_runs(two_rank_runs: tuple[str, list]) -> list:
+    return [r["gravac"] for r in two_rank_runs[1]]

@@ -117,7 +117,13 @@ def _job(rank: int, world: int, gravac: dict, poison: str, skip_batch_only: bool
 def runs(request: pytest.FixtureRequest) -> tuple[list, list]:
     mode, poison = request.param
     gravac = {"static": STATIC, "gravac": GRAVAC}.get(mode) or LOWRANK[mode]
-    return run_ranks(_job, 2, gravac, poison, False), run_ranks(_job, 2, gravac, poison, True)
+    both = run_ranks(_pair_job, 2, gravac, poison)          # one spawn of the ranks for both loops
+    return [r[0] for r in both], [r[1] for r in both]
+
+
+def _pair_job(rank: int, world: int, gravac: dict, poison: str) -> tuple[dict, dict]:
+    """The poisoned loop, then the loop that skips the batch, one after the other on the same ranks."""
+    return _job(rank, world, gravac, poison, False), _job(rank, world, gravac, poison, True)
 
 
 def test_parameters_equal_a_loop_that_skipped_the_batch(runs: tuple[list, list]) -> None:

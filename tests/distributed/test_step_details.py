@@ -215,9 +215,19 @@ def _switch_job(rank: int, world: int, reset: bool) -> dict:
     return {"seen": seen, "switches": switches}
 
 
+@pytest.fixture(scope="module")
+def switch_runs() -> dict:
+    """Both settings on one spawn of the ranks (rank 0's view)."""
+    return run_ranks(_switch_jobs, 2)[0]
+
+
+def _switch_jobs(rank: int, world: int) -> dict:
+    return {reset: _switch_job(rank, world, reset) for reset in (True, False)}
+
+
 @pytest.mark.parametrize("reset", [True, False], ids=["reset", "keep"])
-def test_accordion_reset_ef_on_switch(reset: bool) -> None:
-    res = run_ranks(_switch_job, 2, reset)[0]
+def test_accordion_reset_ef_on_switch(switch_runs: dict, reset: bool) -> None:
+    res = switch_runs[reset]
     assert res["switches"], "the run must switch levels at least once"
     for event in res["switches"]:
         names = event["to_low"] + event["to_high"]
