@@ -106,8 +106,8 @@ def lowrank_systems(gravac: dict[str, Any], window: int) -> list[SystemSpec]:
 
 
 def resolve_system(matrix: dict[str, SystemSpec], sid: str) -> SystemSpec:
-    """``base@key=value@…``: a matrix system with top-level keys of its "gravac" section overridden or added (values
-    read as JSON), so one invocation compares e.g. GraVAC at several ε, or with ``gain_denominator=raw``, against the
+    """``base@key=value@…``: a matrix system with keys of its "gravac" section overridden or added (values read as
+    JSON; a dotted key such as ``compressor.params.rank`` reaches inside a nested object), so one invocation compares e.g. GraVAC at several ε, or with ``gain_denominator=raw``, against the
     same DeepSpeed dense run. Values are validated with the whole section before any cluster comes up."""
     base, *overrides = sid.split("@")
     if base not in matrix:
@@ -123,14 +123,31 @@ def resolve_system(matrix: dict[str, SystemSpec], sid: str) -> SystemSpec:
     section = copy.deepcopy(spec.gravac)
     for item in overrides:
         key, sep, raw = item.partition("=")
-        if not sep or key not in keys:
+        path = key.split(".")
+        if not sep or path[0] not in keys:
             raise ValueError(f"'{sid}': expected @key=value with key a top-level \"gravac\" key "
-                             f"({', '.join(keys)}), got '{item}'")
+                             f"({', '.join(keys)}) or a dotted path below one (compressor.params.rank), "
+                             f"got '{item}'")
         try:
-            section[key] = json.loads(raw)
+            value = json.loads(raw)
         except json.JSONDecodeError:
-            section[key] = raw
+            value = raw
+        _set_path(section, path, value)
     return replace(spec, id=sid, gravac=section, note=f"{spec.note} ({', '.join(overrides)})".lstrip())
+
+
+def _set_path(section: dict[str, Any], path: list[str], value: Any) -> None:
+    """Set ``section[a][b]... = value``; a compressor given by name becomes ``{"type": name, "params": {}}``."""
+    node = section
+    for part in path[:-1]:
+        child = node.get(part)
+        if isinstance(child, str) and part == "compressor":
+            child = {"type": child, "params": {}}
+        if not isinstance(child, dict):
+            child = {}
+        node[part] = child
+        node = child
+    node[path[-1]] = value
 
 
 def system_config(base: dict[str, Any], spec: SystemSpec) -> dict[str, Any]:

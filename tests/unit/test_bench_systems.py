@@ -123,3 +123,15 @@ def test_variant_values_are_validated_as_gravac_config(tmp_path) -> None:
     with pytest.raises(SystemExit, match="(?s)gv_gravac@epsilon=-2.*epsilon"):
         main(["run", "--systems", "gv_gravac@epsilon=-2", "--out", str(out)])
     assert not out.exists()
+
+
+def test_dotted_variant_reaches_inside_the_compressor_object() -> None:
+    from ds_gravac_bench.systems import resolve_system
+
+    matrix = system_matrix(150)
+    ranked = resolve_system(matrix, "gv_powersgd_r4@compressor.params.rank=16")
+    assert ranked.gravac["compressor"] == {"type": "powersgd", "params": {"rank": 16}}
+    assert matrix["gv_powersgd_r4"].gravac["compressor"]["params"]["rank"] == 4      # the matrix entry is untouched
+    named = resolve_system(matrix, "gv_gravac_powersgd@compressor.params.rank=8")   # compressor given by name
+    assert named.gravac["compressor"] == {"type": "powersgd", "params": {"rank": 8}}
+    assert parse_config(named.gravac).compressor.type == "powersgd"
