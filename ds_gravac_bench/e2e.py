@@ -30,7 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 SCRIPTS = {"lstm": "runners/train_ptb.py"}
 BASE_CONFIGS = {"resnet101": "resnet101_dense.json", "resnet18": "resnet101_dense.json",
-                "vgg16": "vgg16_dense.json", "lstm": "lstm_dense.json", "tiny_cnn": "resnet101_dense.json"}
+                "vgg16": "vgg16_dense.json", "lstm": "lstm_dense.json", "tiny_cnn": "resnet101_dense.json",
+                "mlp": "mlp_dense.json"}
 
 
 def env_block() -> dict[str, Any]:
@@ -132,17 +133,19 @@ def run_matrix(opts: argparse.Namespace) -> Path:
     matrix = ablation_matrix(opts.ablation) if opts.ablation else system_matrix(opts.steps, epsilon=opts.epsilon,
                                                                                  theta_min=opts.theta_min)
     ids = list(SMOKE_SYSTEMS if opts.smoke else (opts.systems.split(",") if opts.systems else matrix))
+    base = json.loads((ROOT / "ds_configs" / BASE_CONFIGS[opts.model]).read_text())
     try:
-        matrix = {sid: resolve_system(matrix, sid) for sid in ids}
+        resolved = {sid: resolve_system(matrix, sid, base) for sid in ids}
     except ValueError as err:
         raise SystemExit(f"bench_e2e: --systems: {err}") from None
+    ids = [resolved[sid].id for sid in ids]
+    matrix = {spec.id: spec for spec in resolved.values()}
     check_sections(matrix, ids)
     loopback = opts.smoke or opts.rate == "loopback"
     net = "local" if opts.smoke else opts.rate
     out = Path(opts.out or ROOT / "bench_results" / f"{dt.date.today()}-{opts.model}-{net}")
     (out / "configs").mkdir(parents=True, exist_ok=True)
-    base = json.loads((ROOT / "ds_configs" / BASE_CONFIGS[opts.model]).read_text())
-    if opts.lr is None and opts.model != "lstm":
+    if opts.lr is None and opts.model not in ("lstm", "mlp") and not getattr(opts, "keep_lr", False):
         opts.lr = 0.001       # the paper's lr 0.1 assumes a 1,024-image global batch; 2 ranks × 32 diverge with it
     if opts.lr is not None:   # the LSTM keeps its config's lr (0.1, the paper's) unless --lr is given
         base["optimizer"]["params"]["lr"] = opts.lr
@@ -213,7 +216,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     run.add_argument("--steps", type=int, default=30)
     run.add_argument("--systems", default=None,
                      help=f"comma list (default: all); quick set: {','.join(QUICK_SYSTEMS)}; a variant overrides "
-                     "top-level keys of a system's gravac section: gv_gravac@epsilon=0.1@theta_min=4")
+                     "keys of a system's gravac section: gv_gravac@epsilon=0.1@compressor.params.rank=8; "
+                     "cfg:<file> runs a config file's gravac section (its other keys must equal the base config's)")
     run.add_argument("--micro-batch", type=int, default=None)
     run.add_argument("--lr", type=float, default=None,
                      help="optimizer lr (default: 0.001 for the CNNs, the config's 0.1 for the LSTM)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Optional
 
 MIN_NUMEL = 16384
@@ -84,11 +85,11 @@ LOWRANK_THETA_MIN = 50.0      # ResNet101's large convolutions at rank ~9: the p
 
 
 def lowrank_systems(gravac: dict[str, Any], window: int) -> list[SystemSpec]:
-    """PowerSGD and ACP-SGD at rank 1 and 4, Accordion over ranks (4 in critical regimes, 1 otherwise) and GraVAC
+    """PowerSGD and ACP-SGD at rank 1, 4 and 16, Accordion over ranks (4 in critical regimes, 1 otherwise) and GraVAC
     over ranks (θ mapped to a rank per matrix), each over both compressors."""
     out = []
     for comp in LOWRANK:
-        for rank in (1, 4):
+        for rank in (1, 4, 16):
             out.append(SystemSpec(f"gv_{comp}_r{rank}", "gravac",
                                   {"mode": "static", "compressor": {"type": comp, "params": {"rank": rank}},
                                    "min_compress_numel": MIN_NUMEL},
@@ -105,18 +106,37 @@ def lowrank_systems(gravac: dict[str, Any], window: int) -> list[SystemSpec]:
     return out
 
 
-def resolve_system(matrix: dict[str, SystemSpec], sid: str) -> SystemSpec:
+def config_system(path: str, base: Optional[dict[str, Any]]) -> SystemSpec:
+    """``cfg:<file>``: a shipped config's ``"gravac"`` section as a system (id = the file's stem). Its other keys must
+    equal the base config's, so the comparison changes nothing but the synchronization."""
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"cfg:{path}: no such file")
+    cfg = json.loads(file.read_text())
+    if "gravac" not in cfg:
+        raise ValueError(f"cfg:{path}: the config has no \"gravac\" section")
+    if base is not None:
+        differ = sorted(k for k in set(cfg) | set(base) if k != "gravac" and cfg.get(k) != base.get(k))
+        if differ:
+            raise ValueError(f"cfg:{path}: keys other than \"gravac\" differ from the base config: {', '.join(differ)}")
+    return SystemSpec(file.stem, "gravac", cfg["gravac"], f"{file.name}")
+
+
+def resolve_system(matrix: dict[str, SystemSpec], sid: str, base: Optional[dict[str, Any]] = None) -> SystemSpec:
     """``base@key=value@…``: a matrix system with keys of its "gravac" section overridden or added (values read as
     JSON; a dotted key such as ``compressor.params.rank`` reaches inside a nested object), so one invocation compares e.g. GraVAC at several ε, or with ``gain_denominator=raw``, against the
-    same DeepSpeed dense run. Values are validated with the whole section before any cluster comes up."""
-    base, *overrides = sid.split("@")
-    if base not in matrix:
-        raise ValueError(f"unknown system '{base}'; known: {', '.join(matrix)}")
-    spec = matrix[base]
+    same DeepSpeed dense run. Values are validated with the whole section before any cluster comes up.
+    ``cfg:<file>`` is a config file's section (:func:`config_system`, checked against ``base``)."""
+    if sid.startswith("cfg:"):
+        return config_system(sid[4:], base)
+    base_id, *overrides = sid.split("@")
+    if base_id not in matrix:
+        raise ValueError(f"unknown system '{base_id}'; known: {', '.join(matrix)}")
+    spec = matrix[base_id]
     if not overrides:
         return spec
     if spec.gravac is None:
-        raise ValueError(f"system '{base}' has no \"gravac\" section to override ('{sid}')")
+        raise ValueError(f"system '{base_id}' has no \"gravac\" section to override ('{sid}')")
     from ds_gravac.config import GravacConfig
 
     keys = sorted(GravacConfig.model_fields)

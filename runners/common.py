@@ -68,6 +68,9 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--run-name", default=None, help="default: <model>-<system>-<config>-s<seed>-<time>")
     p.add_argument("--log-dir", default=None, help="steps.jsonl and the wandb directory (default runs/<run-name>)")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar")
+    p.add_argument("--compare-to", default=None, metavar="STEPS_JSONL",
+                   help="another run's steps.jsonl (e.g. the dense run's): the summary prints both smoothed losses "
+                        "at this run's last step")
     return p
 
 

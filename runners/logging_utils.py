@@ -6,6 +6,7 @@ Records are built the same way for every system; ds_gravac's per-step record is 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 from typing import Any, Iterable, Optional
@@ -89,7 +90,8 @@ class Summary:
                 runs.append((branch, cf, step, step))
         return runs
 
-    def lines(self, header: str, clipping: float, wandb_dir: Optional[str], jsonl: str) -> list[str]:
+    def lines(self, header: str, clipping: float, wandb_dir: Optional[str], jsonl: str,
+              compare_to: Optional[str] = None) -> list[str]:
         out = [f"== {header} =="]
         if not self.steps:
             return out + ["no optimizer steps were run"]
@@ -107,10 +109,30 @@ class Summary:
         if self.eval:
             vals = ", ".join(f"{k} {v:.4f}" for k, v in self.eval.items())
             out.append(f"eval at step {self.eval_step}: {vals}")
+        out.extend(self.reference_lines(compare_to, jsonl))
         out.append(f"steps.jsonl: {jsonl}")
         if wandb_dir:
             out.append(f"wandb run: {wandb_dir} (offline runs upload with: wandb sync {wandb_dir})")
         return out
+
+    def reference_lines(self, compare_to: Optional[str], jsonl: str) -> list[str]:
+        """This run's smoothed loss next to another run's (e.g. dense) at the same step, read from its steps.jsonl
+        (the same smoothing); nothing when there is no such file or it is this run's own."""
+        if not compare_to or not os.path.isfile(compare_to) or os.path.abspath(compare_to) == os.path.abspath(jsonl):
+            return []
+        ref = Summary()
+        with open(compare_to, encoding="utf-8") as fh:
+            for line in fh:
+                rec = json.loads(line) if line.strip() else {}
+                if "loss" in rec and "step" in rec and "time/step" in rec:
+                    ref.add(rec)
+        step, mine = self.steps[-1], self.ewma[-1]
+        if step not in ref.steps:
+            return [f"reference {compare_to}: no step {step} there (it ran {len(ref.steps)} steps); no comparison"]
+        theirs = ref.ewma[ref.steps.index(step)]
+        line = (f"vs reference at step {step}: loss (EWMA) {mine:.4f} here, {theirs:.4f} there "
+                f"({100 * (mine / theirs - 1):+.1f}%; {compare_to})")
+        return [line]
 
     def _timeline_lines(self) -> list[str]:
         """Sent CFs (what went on the wire) and, for GraVAC, the candidate CF each window evaluated."""
@@ -217,4 +239,5 @@ class MetricsLogger:
                 sink.close()
         if self.run is not None:
             self.run.finish()
-        print("\n".join(self.summary.lines(header, clipping, self.wandb_dir, self.jsonl_path)), flush=True)
+        print("\n".join(self.summary.lines(header, clipping, self.wandb_dir, self.jsonl_path,
+                                           getattr(self.args, "compare_to", None))), flush=True)

@@ -36,7 +36,16 @@ MICRO_BATCH="${MICRO_BATCH-$micro}"
 [ -n "$MICRO_BATCH" ] && EXTRA+=(--micro-batch "$MICRO_BATCH")
 PORT="${MASTER_PORT:-$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}"
 
+# Every make-train run of a config logs to runs/make-train/<model>/<config>; the summary compares the loss with the
+# dense run of the same model when one exists there (make train MODEL=... CONFIG=ds_configs/<model>_dense.json).
+LOG_DIR="runs/make-train/$MODEL/$(basename "$CONFIG" .json)"
+REFERENCE="runs/make-train/$MODEL/${MODEL}_dense/steps.jsonl"
+
 echo "make train: $RUNNER --model $MODEL --deepspeed_config $CONFIG --steps $STEPS ${EXTRA[*]} ${TRAIN_ARGS:-}"
 # shellcheck disable=SC2086  # TRAIN_ARGS is a list of options on purpose
-exec deepspeed --master_port "$PORT" --num_gpus "${NPROC:-2}" "$RUNNER" --model "$MODEL" \
-  --deepspeed_config "$CONFIG" --steps "$STEPS" --eval-every 40 --eval-batches 10 "${EXTRA[@]}" ${TRAIN_ARGS:-}
+deepspeed --master_port "$PORT" --num_gpus "${NPROC:-2}" "$RUNNER" --model "$MODEL" \
+  --deepspeed_config "$CONFIG" --steps "$STEPS" --eval-every 40 --eval-batches 10 --log-dir "$LOG_DIR" \
+  --compare-to "$REFERENCE" "${EXTRA[@]}" ${TRAIN_ARGS:-}
+if [ ! -f "$REFERENCE" ]; then
+  echo "(for a dense reference in this summary: make train MODEL=$MODEL CONFIG=ds_configs/${MODEL}_dense.json)"
+fi

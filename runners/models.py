@@ -39,6 +39,23 @@ class TinyCNN(nn.Module):
         return self.classifier(torch.flatten(self.features(x), 1))
 
 
+class MLP(nn.Module):
+    """A plain multi-layer perceptron on flattened images (3·32·32 → width → width → classes, 4.2M parameters at
+    width 1024): the fidelity benchmark's fast task, where a convergence comparison takes seconds per system."""
+
+    def __init__(self, num_classes: int = 10, in_features: int = 3 * 32 * 32, width: int = 1024, depth: int = 2
+                 ) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [nn.Flatten()]
+        for i in range(depth):
+            layers += [nn.Linear(in_features if i == 0 else width, width), nn.ReLU(inplace=True)]
+        layers.append(nn.Linear(width, num_classes))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
 class LSTMLanguageModel(nn.Module):
     """Embedding -> multi-layer LSTM -> linear decoder, inputs laid out [T, B] (batchify layout).
 
@@ -114,13 +131,13 @@ def _torchvision(name: str, num_classes: int, **kw: Any) -> nn.Module:
     return getattr(models, name)(weights=None, num_classes=num_classes, **kw)
 
 
-MODEL_NAMES = ("resnet101", "resnet18", "vgg16", "tiny_cnn", "lstm")
+MODEL_NAMES = ("resnet101", "resnet18", "vgg16", "tiny_cnn", "mlp", "lstm")
 
 
 def build_model(name: str, num_classes: int = 10, **kw: Any) -> nn.Module:
     """Build a runner model by name.
 
-    ``resnet101``, ``resnet18``, ``vgg16`` (torchvision ``vgg16_bn``) and ``tiny_cnn`` take
+    ``resnet101``, ``resnet18``, ``vgg16`` (torchvision ``vgg16_bn``), ``tiny_cnn`` and ``mlp`` take
     ``num_classes``; ``lstm`` takes ``vocab_size`` (default 10000), ``size`` (a ``LSTM_PRESETS`` key)
     and ``LSTMLanguageModel`` keywords, and ignores ``num_classes``.
     """
@@ -130,6 +147,8 @@ def build_model(name: str, num_classes: int = 10, **kw: Any) -> nn.Module:
         return _torchvision("vgg16_bn", num_classes, **kw)
     if name == "tiny_cnn":
         return TinyCNN(num_classes, **kw)
+    if name == "mlp":
+        return MLP(num_classes, **kw)
     if name == "lstm":
         return build_lstm(**kw)
     raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")

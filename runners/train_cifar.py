@@ -23,13 +23,13 @@ from runners.models import build_model
 from runners.systems import System
 
 CIFAR_CLASSES = {"cifar10": 10, "cifar100": 100}
-CIFAR_MODELS = ("resnet101", "vgg16", "resnet18", "tiny_cnn")
+CIFAR_MODELS = ("resnet101", "vgg16", "resnet18", "tiny_cnn", "mlp")
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p = base_parser(__doc__.splitlines()[0])
     p.add_argument("--model", choices=CIFAR_MODELS, default="resnet101",
-                   help="resnet101 / vgg16 (vgg16_bn) as in the paper; resnet18, tiny_cnn for quick runs and tests")
+                   help="resnet101 / vgg16 (vgg16_bn) as in the paper; resnet18, tiny_cnn, mlp for quick runs, tests and the fidelity benchmark")
     p.add_argument("--dataset", choices=("synthetic", "cifar10", "cifar100"), default="synthetic")
     p.add_argument("--num-classes", type=int, default=10, help="classes of the synthetic dataset")
     p.add_argument("--image-size", type=int, default=32, help="side of synthetic images (CIFAR is 32)")
@@ -86,7 +86,9 @@ class CifarTask(Task):
         self.test_set = D.load_cifar(args.data_dir, args.dataset, train=False)
 
     def build_model(self, args: argparse.Namespace) -> nn.Module:
-        return build_model(args.model, num_classes=self.num_classes)
+        side = 32 if args.dataset != "synthetic" else args.image_size
+        extra = {"in_features": 3 * side * side} if args.model == "mlp" else {}
+        return build_model(args.model, num_classes=self.num_classes, **extra)
 
     def _order(self, epoch: int) -> list[int]:
         """This rank's shuffled shard for an epoch; one epoch cached (the loop walks forward)."""

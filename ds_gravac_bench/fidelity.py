@@ -1,0 +1,297 @@
+"""Fidelity benchmark: does a compressed configuration learn as fast as dense per step, and how much sooner does it
+reach dense's accuracy in wall time on the emulated cluster?
+
+    python -m ds_gravac_bench.fidelity run --task resnet101 --out bench_results/fid-r101
+    python -m ds_gravac_bench.fidelity report bench_results/fid-r101 \\
+        --cluster 1gbit=bench_results/r101-1g --cluster 100mbit=bench_results/r101-100m
+
+``run`` trains DeepSpeed dense and every selected configuration with the same seed, data order and optimizer on
+two ranks of this machine (loopback, no namespaces): the loss per step of a static configuration does not depend
+on the link. ``report`` puts each system's loss at equal steps next to dense's, the step at which it first reaches
+dense's target (dense's smoothed loss at 75% of the budget), and — from ``bench_e2e`` runs on the emulated cluster —
+its time to that target at each link rate: steps to target × the system's median step time there. A GraVAC system
+decides from measured step times, so its row at a rate is its own cluster run (loss and time) when that run exists.
+
+Systems are ``bench_e2e`` matrix ids (``gv_powersgd_r16``, ``gv_topk_100@cf=50``) or shipped config files
+(``cfg:ds_configs/resnet101_recommended.json``), whose non-``"gravac"`` keys must equal the task's dense config.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from ds_gravac_bench.report import SKIP_STEPS, read_steps, smooth
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGET_FRACTION = 0.75          # dense's smoothed loss at 75% of the budget is the target
+LOSS_BOUND = 1.05               # a configuration passes when its final smoothed loss is ≤ dense's + 5% ...
+TOP1_POINTS = 0.02              # ... top-1 within 2 points, perplexity within 5% ...
+BYTES_BOUND = 0.5               # ... and it sends less than half of dense's bytes
+
+
+@dataclass(frozen=True)
+class FidelityTask:
+    model: str
+    steps: int
+    systems: tuple[str, ...]
+    micro_batch: Optional[int] = None
+
+
+TASKS = {
+    "resnet101": FidelityTask("resnet101", 300, ("ds_dense", "gv_powersgd_r16", "gv_powersgd_r4", "gv_acpsgd_r16",
+                                                 "gv_topk_10", "gv_topk_100", "gv_dgc_10_nomask")),
+    "vgg16": FidelityTask("vgg16", 150, ("ds_dense", "gv_powersgd_r16", "gv_powersgd_r4", "gv_topk_100")),
+    "lstm": FidelityTask("lstm", 150, ("ds_dense", "gv_powersgd_r16", "gv_powersgd_r4", "gv_topk_100")),
+    "mlp": FidelityTask("mlp", 300, ("ds_dense", "gv_powersgd_r16", "gv_powersgd_r4", "gv_topk_10", "gv_topk_100",
+                                     "gv_dgc_10_nomask")),
+}
+
+
+# ---- run ----------------------------------------------------------------------------------------------------
+
+
+def run(opts: argparse.Namespace) -> Path:
+    """All systems of one task on loopback, through ``bench_e2e`` (same loop, seed, data and base config)."""
+    from ds_gravac_bench.e2e import run_matrix
+
+    task = TASKS[opts.task]
+    e2e = argparse.Namespace(model=task.model, rate="loopback", ranks=2, steps=opts.steps or task.steps,
+                             systems=opts.systems or ",".join(task.systems), micro_batch=opts.micro_batch
+                             or task.micro_batch, lr=None, epsilon=0.7, theta_min=10.0, ablation=None, tag=3,
+                             timeout=opts.timeout, out=opts.out, smoke=False, keep_lr=True)
+    return run_matrix(e2e)
+
+
+# ---- report -------------------------------------------------------------------------------------------------
+
+
+def _family(section: Optional[dict[str, Any]]) -> str:
+    if not section or section.get("mode") == "dense":
+        return "dense"
+    comp = section.get("compressor", "topk")
+    name = comp if isinstance(comp, str) else comp.get("type", "topk")
+    if name in ("powersgd", "acpsgd"):
+        return "low-rank"
+    if name in ("fp16", "bf16", "onebit", "signsgd", "efsignsgd", "terngrad", "ternary", "qsgd", "tbq"):
+        return "quantization"
+    return "sparsification"
+
+
+def _curve(records: list[dict[str, Any]]) -> dict[str, Any]:
+    losses = [float(r["loss"]) for r in records if "loss" in r]
+    body = records[SKIP_STEPS:] or records
+    times = [float(r["time/step"]) for r in body if r.get("time/step") is not None]
+    sent = [float(r["bytes_sent"]) for r in records if r.get("bytes_sent") is not None]
+    evals = {k: v for r in records for k, v in r.items() if k.startswith("eval/")}
+    return {"loss": losses, "smoothed": smooth(losses), "times": [float(r.get("time/step") or 0) for r in records],
+            "median_step": statistics.median(times) if times else None,
+            "mean_bytes": statistics.fmean(sent) if sent else None, "eval": evals}
+
+
+def _first_reach(smoothed: list[float], target: float) -> Optional[int]:
+    """1-based step at which the smoothed loss first reaches the target."""
+    return next((i + 1 for i, s in enumerate(smoothed) if s <= target), None)
+
+
+def _load_dir(path: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    meta = json.loads((path / "meta.json").read_text())
+    curves = {sid: _curve(read_steps(path / "systems" / sid / "steps.jsonl")) for sid in meta["systems"]}
+    return meta, curves
+
+
+def _adaptive(section: Optional[dict[str, Any]]) -> bool:
+    return bool(section) and section.get("mode") == "gravac"
+
+
+def _time_at_rate(sid: str, curve: dict[str, Any], steps_to_target: Optional[int], adaptive: bool,
+                  cluster: dict[str, dict[str, Any]], target: float) -> dict[str, Any]:
+    """Step time and time to target of one system at one rate (see the module docstring)."""
+    run = cluster.get(sid)
+    if run is None or run["median_step"] is None:
+        return {"step_s": None, "time_s": None, "source": "no cluster run"}
+    if adaptive:
+        reach = _first_reach(run["smoothed"], target)
+        return {"step_s": run["median_step"], "time_s": sum(run["times"][:reach]) if reach else None,
+                "source": "cluster run"}
+    time_s = steps_to_target * run["median_step"] if steps_to_target else None
+    return {"step_s": run["median_step"], "time_s": time_s, "source": "loopback steps × cluster step"}
+
+
+def build(outdir: Path, clusters: dict[str, Path]) -> dict[str, Any]:
+    meta, curves = _load_dir(outdir)
+    sections = {sid: _section(outdir, sid) for sid in meta["systems"]}
+    ref_id = "ds_dense" if "ds_dense" in curves else next((s for s in curves if _family(sections[s]) == "dense"),
+                                                          None)
+    if ref_id is None or not curves[ref_id]["smoothed"]:
+        raise SystemExit("fidelity: the run has no dense system (ds_dense or a mode 'dense' config) to compare with")
+    ref = curves[ref_id]
+    target = ref["smoothed"][max(0, int(TARGET_FRACTION * len(ref["smoothed"])) - 1)]
+    cluster_curves = {rate: _load_dir(path)[1] for rate, path in clusters.items()}
+    rows = []
+    for sid, c in curves.items():
+        if not c["smoothed"]:
+            continue
+        n = min(len(c["smoothed"]), len(ref["smoothed"]))
+        reach = _first_reach(c["smoothed"], target)
+        row = {"id": sid, "family": _family(sections[sid]), "steps": len(c["smoothed"]),
+               "final_loss": c["smoothed"][n - 1], "dense_loss": ref["smoothed"][n - 1],
+               "gap": c["smoothed"][n - 1] / ref["smoothed"][n - 1] - 1.0,
+               "bytes_ratio": c["mean_bytes"] / ref["mean_bytes"] if c["mean_bytes"] and ref["mean_bytes"] else None,
+               "rises": max(c["smoothed"]) > c["smoothed"][0] + 1e-12, "peak": max(c["smoothed"]),
+               "steps_to_target": reach, "eval": c["eval"], "rates": {}}
+        for rate, cl in cluster_curves.items():
+            row["rates"][rate] = _time_at_rate(sid, c, reach, _adaptive(sections[sid]), cl, target)
+        row["verdict"] = _verdict(row, ref)
+        rows.append(row)
+    for rate in clusters:
+        dense_t = next((r["rates"][rate]["time_s"] for r in rows if r["id"] == ref_id), None)
+        for r in rows:
+            mine = r["rates"][rate]["time_s"]
+            r["rates"][rate]["speedup"] = dense_t / mine if dense_t and mine else None
+    return {"model": meta["model"], "steps": meta["steps"], "reference": ref_id, "target_loss": target,
+            "env": meta.get("env"), "clusters": {k: str(v) for k, v in clusters.items()}, "systems": rows}
+
+
+def _section(outdir: Path, sid: str) -> Optional[dict[str, Any]]:
+    cfg = outdir / "configs" / f"{sid}.json"
+    return json.loads(cfg.read_text()).get("gravac") if cfg.exists() else None
+
+
+def _verdict(row: dict[str, Any], ref: dict[str, Any]) -> str:
+    """Which of the accuracy bounds a compressed row misses ("ok" when none)."""
+    if row["family"] == "dense":
+        return "reference"
+    misses = []
+    if row["final_loss"] > LOSS_BOUND * row["dense_loss"]:
+        misses.append(f"loss +{100 * row['gap']:.0f}%")
+    mine, theirs = row["eval"], ref["eval"]
+    if "eval/top1" in mine and "eval/top1" in theirs and mine["eval/top1"] < theirs["eval/top1"] - TOP1_POINTS:
+        misses.append("top-1")
+    if "eval/ppl" in mine and "eval/ppl" in theirs and mine["eval/ppl"] > LOSS_BOUND * theirs["eval/ppl"]:
+        misses.append("perplexity")
+    if row["bytes_ratio"] is not None and row["bytes_ratio"] >= BYTES_BOUND:
+        misses.append("bytes")
+    if row["rises"]:
+        misses.append("loss rises")
+    return "ok" if not misses else ", ".join(misses)
+
+
+def _fmt(x: Any, spec: str = ".3f") -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "–"
+    return format(x, spec)
+
+
+def markdown(res: dict[str, Any]) -> str:
+    rates = list(res["clusters"])
+    head = ["system", "family", "final loss (dense)", "gap", "eval", "bytes / dense", "peak", "steps to target"]
+    for rate in rates:
+        head += [f"{rate} step s", f"{rate} time to target s", f"{rate} × dense"]
+    head.append("bounds")
+    lines = [f"# Fidelity — {res['model']}, {res['steps']} steps, 2 ranks",
+             "", f"Target: {res['reference']}'s smoothed loss at {int(100 * TARGET_FRACTION)}% of the budget = "
+             f"{res['target_loss']:.4f}. Bounds: final loss ≤ dense + 5%, top-1 within 2 points / perplexity within "
+             f"5%, < 50% of dense's bytes, smoothed loss never above its start.", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in res["systems"]:
+        ev = ", ".join(f"{k[5:]} {v:.3g}" for k, v in sorted(r["eval"].items()) if k in ("eval/top1", "eval/ppl"))
+        cells = [r["id"], r["family"], f"{r['final_loss']:.3f} ({r['dense_loss']:.3f})", f"{100 * r['gap']:+.1f}%",
+                 ev or "–", _fmt(r["bytes_ratio"], ".4f"), f"{r['peak']:.2f}", _fmt(r["steps_to_target"], "d")]
+        for rate in rates:
+            t = r["rates"][rate]
+            cells += [_fmt(t["step_s"], ".2f"), _fmt(t["time_s"], ".0f"), _fmt(t.get("speedup"), ".2f")]
+        cells.append(r["verdict"])
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Time to target: steps to target on the loopback curve × the system's median cluster step "
+              "(GraVAC rows: their own cluster run). Clusters: " + (", ".join(f"{k} = {v}" for k, v in
+                                                                        res["clusters"].items()) or "none") + "."]
+    return "\n".join(lines) + "\n"
+
+
+def plots(res: dict[str, Any], outdir: Path, curves: dict[str, dict[str, Any]],
+          cluster_curves: dict[str, dict[str, dict[str, Any]]]) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    outdir.mkdir(parents=True, exist_ok=True)
+    families = [f for f in ("sparsification", "low-rank", "quantization")
+                if any(r["family"] == f for r in res["systems"])] or ["dense"]
+    fig, axes = plt.subplots(1, len(families), figsize=(5 * len(families), 3.8), squeeze=False)
+    for ax, fam in zip(axes[0], families):
+        for r in res["systems"]:
+            if r["family"] in (fam, "dense"):
+                ax.plot(range(1, r["steps"] + 1), curves[r["id"]]["smoothed"], label=r["id"],
+                        color="k" if r["family"] == "dense" else None)
+        ax.axhline(res["target_loss"], color="0.6", ls=":")
+        ax.set_title(fam), ax.set_xlabel("step"), ax.set_ylabel("smoothed loss"), ax.legend(fontsize=6)
+    fig.tight_layout(), fig.savefig(outdir / "loss_vs_step.png", dpi=110), plt.close(fig)
+    for rate in res["clusters"]:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for r in res["systems"]:
+            t = r["rates"][rate]
+            if t["step_s"] is None:
+                continue
+            run = cluster_curves[rate].get(r["id"])
+            if t["source"] == "cluster run" and run:
+                wall, ys = _cumsum(run["times"]), run["smoothed"]
+            else:
+                wall, ys = [t["step_s"] * (i + 1) for i in range(r["steps"])], curves[r["id"]]["smoothed"]
+            ax.plot(wall, ys, label=r["id"], color="k" if r["family"] == "dense" else None)
+        ax.axhline(res["target_loss"], color="0.6", ls=":")
+        ax.set_xscale("log"), ax.set_xlabel(f"wall time at {rate} (s)"), ax.set_ylabel("smoothed loss")
+        ax.legend(fontsize=6), fig.tight_layout(), fig.savefig(outdir / f"loss_vs_time_{rate}.png", dpi=110)
+        plt.close(fig)
+
+
+def _cumsum(xs: Sequence[float]) -> list[float]:
+    out, acc = [], 0.0
+    for x in xs:
+        acc += x
+        out.append(acc)
+    return out
+
+
+def report(outdir: Path, clusters: dict[str, Path]) -> dict[str, Any]:
+    res = build(outdir, clusters)
+    (outdir / "fidelity.json").write_text(json.dumps(res, indent=1))
+    (outdir / "fidelity.md").write_text(markdown(res))
+    plots(res, outdir / "plots", _load_dir(outdir)[1], {k: _load_dir(v)[1] for k, v in clusters.items()})
+    return res
+
+
+def _cluster_arg(value: str) -> tuple[str, Path]:
+    rate, sep, path = value.partition("=")
+    if not sep or not (Path(path) / "meta.json").exists():
+        raise argparse.ArgumentTypeError(f"expected RATE=DIR with DIR a bench_e2e output (meta.json), got {value!r}")
+    return rate, Path(path)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="train every system of a task on loopback")
+    r.add_argument("--task", choices=sorted(TASKS), default="resnet101")
+    r.add_argument("--steps", type=int, default=None, help="default: the task's budget")
+    r.add_argument("--systems", default=None, help="comma list of bench_e2e ids and cfg:<file> (default: the task's)")
+    r.add_argument("--micro-batch", type=int, default=None)
+    r.add_argument("--timeout", type=float, default=7200.0)
+    r.add_argument("--out", required=True)
+    r.add_argument("--cluster", action="append", type=_cluster_arg, default=[], metavar="RATE=DIR")
+    p = sub.add_parser("report", help="rebuild fidelity.md, fidelity.json and plots")
+    p.add_argument("dir")
+    p.add_argument("--cluster", action="append", type=_cluster_arg, default=[], metavar="RATE=DIR",
+                   help="a bench_e2e output on the emulated cluster whose step times give time to target at RATE")
+    opts = parser.parse_args(argv)
+    out = run(opts) if opts.cmd == "run" else Path(opts.dir)
+    res = report(out, dict(opts.cluster))
+    print(markdown(res))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""The fidelity report's arithmetic on hand-made step files: target, steps to target, time at a rate (loopback steps
+× cluster step for static rows, the cluster run itself for GraVAC rows), speed-ups and the accuracy bounds."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ds_gravac_bench.fidelity import build, markdown
+from ds_gravac_bench.report import smooth
+from ds_gravac_bench.systems import config_system, resolve_system, system_matrix
+
+
+def _write_run(root: Path, model: str, systems: dict[str, dict]) -> Path:
+    """A bench_e2e-shaped directory: meta.json, configs/<id>.json, systems/<id>/steps.jsonl."""
+    (root / "configs").mkdir(parents=True)
+    meta = {"model": model, "steps": max(len(s["loss"]) for s in systems.values()), "env": {}, "systems": {}}
+    for sid, s in systems.items():
+        meta["systems"][sid] = {"returncode": 0}
+        if s.get("gravac") is not None:
+            (root / "configs" / f"{sid}.json").write_text(json.dumps({"gravac": s["gravac"]}))
+        d = root / "systems" / sid
+        d.mkdir(parents=True)
+        recs = [{"step": i + 1, "loss": loss, "time/step": s["time"][i] if isinstance(s["time"], list) else s["time"],
+                 "bytes_sent": s["bytes"]} for i, loss in enumerate(s["loss"])]
+        if s.get("eval"):
+            recs[-1].update(s["eval"])
+        d.joinpath("steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (root / "meta.json").write_text(json.dumps(meta))
+    return root
+
+
+DENSE = [3.0 - 0.02 * i for i in range(100)]          # falls linearly: 3.0 → 1.02
+SLOW = [3.0 - 0.01 * i for i in range(100)]           # half the progress per step
+STATIC = {"mode": "static", "compressor": "topk", "cf": 100}
+GRAVAC = {"mode": "gravac", "compressor": "topk"}
+
+
+@pytest.fixture()
+def dirs(tmp_path: Path) -> tuple[Path, Path]:
+    loop = _write_run(tmp_path / "loop", "mlp", {
+        "ds_dense": {"loss": DENSE, "time": 0.1, "bytes": 1000.0, "gravac": None, "eval": {"eval/top1": 0.9}},
+        "gv_topk_100": {"loss": DENSE, "time": 0.1, "bytes": 10.0, "gravac": STATIC, "eval": {"eval/top1": 0.89}},
+        "gv_slow": {"loss": SLOW, "time": 0.1, "bytes": 10.0, "gravac": STATIC, "eval": {"eval/top1": 0.5}},
+        "gv_gravac": {"loss": DENSE, "time": 0.1, "bytes": 10.0, "gravac": GRAVAC},
+    })
+    cluster = _write_run(tmp_path / "c1g", "mlp", {
+        "ds_dense": {"loss": DENSE[:20], "time": 2.0, "bytes": 1000.0, "gravac": None},
+        "gv_topk_100": {"loss": DENSE[:20], "time": 0.5, "bytes": 10.0, "gravac": STATIC},
+        # its own cluster run learns on a different trajectory (link-dependent decisions): time from that run
+        "gv_gravac": {"loss": SLOW, "time": [0.25] * 100, "bytes": 10.0, "gravac": GRAVAC},
+    })
+    return loop, cluster
+
+
+def test_target_steps_and_times(dirs: tuple[Path, Path]) -> None:
+    loop, cluster = dirs
+    res = build(loop, {"1gbit": cluster})
+    target = smooth(DENSE)[74]
+    assert res["target_loss"] == pytest.approx(target)
+    rows = {r["id"]: r for r in res["systems"]}
+    reach = next(i + 1 for i, s in enumerate(smooth(DENSE)) if s <= target)
+    assert rows["ds_dense"]["steps_to_target"] == reach == rows["gv_topk_100"]["steps_to_target"]
+    assert rows["ds_dense"]["rates"]["1gbit"]["time_s"] == pytest.approx(reach * 2.0)
+    assert rows["gv_topk_100"]["rates"]["1gbit"]["time_s"] == pytest.approx(reach * 0.5)
+    assert rows["gv_topk_100"]["rates"]["1gbit"]["speedup"] == pytest.approx(4.0)
+    slow_reach = next((i + 1 for i, s in enumerate(smooth(SLOW)) if s <= target), None)
+    assert slow_reach is None and rows["gv_slow"]["steps_to_target"] is None
+    assert rows["gv_slow"]["rates"]["1gbit"]["time_s"] is None            # no cluster run and never reached
+    assert rows["gv_gravac"]["rates"]["1gbit"]["source"] == "cluster run"
+    assert rows["gv_gravac"]["rates"]["1gbit"]["time_s"] is None          # its cluster trajectory never reaches it
+
+
+def test_verdicts_name_each_missed_bound(dirs: tuple[Path, Path]) -> None:
+    loop, _ = dirs
+    rows = {r["id"]: r for r in build(loop, {})["systems"]}
+    assert rows["ds_dense"]["verdict"] == "reference"
+    assert rows["gv_topk_100"]["verdict"] == "ok"                       # 1 point of top-1 lost is inside the bound
+    gap = smooth(SLOW)[-1] / smooth(DENSE)[-1] - 1
+    assert rows["gv_slow"]["gap"] == pytest.approx(gap)
+    assert rows["gv_slow"]["verdict"] == f"loss +{100 * gap:.0f}%, top-1"
+    assert rows["gv_topk_100"]["bytes_ratio"] == pytest.approx(0.01)
+    assert "| gv_slow |" in markdown(build(loop, {}))
+
+
+def test_rising_curve_and_heavy_bytes_fail(tmp_path: Path) -> None:
+    bump = [3.0] + [3.5] * 10 + DENSE[11:]
+    loop = _write_run(tmp_path / "loop", "mlp", {
+        "ds_dense": {"loss": DENSE, "time": 0.1, "bytes": 1000.0, "gravac": None},
+        "bumpy": {"loss": bump, "time": 0.1, "bytes": 600.0, "gravac": STATIC}})
+    row = next(r for r in build(loop, {})["systems"] if r["id"] == "bumpy")
+    assert row["rises"] and row["verdict"] == "bytes, loss rises"
+
+
+def test_config_systems_must_match_the_base(tmp_path: Path) -> None:
+    base = {"optimizer": {"type": "SGD", "params": {"lr": 0.01}}, "gravac": {"mode": "dense"}}
+    same = tmp_path / "mine.json"
+    same.write_text(json.dumps({**base, "gravac": STATIC}))
+    spec = resolve_system(system_matrix(100), f"cfg:{same}", base)
+    assert spec.id == "mine" and spec.gravac == STATIC and spec.system == "gravac"
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"optimizer": {"type": "SGD", "params": {"lr": 0.1}}, "gravac": STATIC}))
+    with pytest.raises(ValueError, match="differ from the base config: optimizer"):
+        config_system(str(other), base)
+    with pytest.raises(ValueError, match="no such file"):
+        config_system(str(tmp_path / "missing.json"), base)
