@@ -2,8 +2,8 @@
 reach dense's accuracy in wall time on the emulated cluster?
 
     python -m ds_gravac_bench.fidelity run --task resnet101 --out bench_results/fid-r101
-    python -m ds_gravac_bench.fidelity report bench_results/fid-r101 \\
-        --cluster 1gbit=bench_results/r101-1g --cluster 100mbit=bench_results/r101-100m
+    python -m ds_gravac_bench.fidelity report bench_results/fid-r101 [more runs of the same model] \\
+        --cluster 1gbit=bench_results/r101-1g --cluster 100mbit=bench_results/r101-100m [--out DIR]
 
 ``run`` trains DeepSpeed dense and every selected configuration with the same seed, data order and optimizer on
 two ranks of this machine (loopback, no namespaces): the loss per step of a static configuration does not depend
@@ -100,8 +100,35 @@ def _first_reach(smoothed: list[float], target: float) -> Optional[int]:
 
 def _load_dir(path: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     meta = json.loads((path / "meta.json").read_text())
-    curves = {sid: _curve(read_steps(path / "systems" / sid / "steps.jsonl")) for sid in meta["systems"]}
+    curves = {sid: _curve(read_steps(path / "systems" / sid / "steps.jsonl")) for sid, m in meta["systems"].items()
+              if m.get("returncode", 0) == 0}       # a run that failed or was stopped has no comparable curve
     return meta, curves
+
+
+def _load_dirs(paths: Sequence[Path]) -> tuple[dict[str, Any], dict[str, dict[str, Any]],
+                                                dict[str, Optional[dict[str, Any]]]]:
+    """Systems of several invocations of one model, first occurrence wins. Their dense reference curves must be
+    identical (runs are deterministic on one machine), or the merge would compare against different targets."""
+    meta: dict[str, Any] = {}
+    curves: dict[str, dict[str, Any]] = {}
+    sections: dict[str, Optional[dict[str, Any]]] = {}
+    reference: Optional[list[float]] = None
+    for path in paths:
+        m, c = _load_dir(path)
+        if meta and m["model"] != meta["model"]:
+            raise SystemExit(f"fidelity: {path} trained {m['model']}, not {meta['model']}")
+        meta = meta or m
+        dense = next((c[sid]["loss"] for sid in ("ds_dense", "gv_dense") if sid in c and c[sid]["loss"]), None)
+        if dense is not None and reference is not None:
+            n = min(len(dense), len(reference))
+            if dense[:n] != reference[:n]:
+                raise SystemExit(f"fidelity: the dense loss curve of {path} differs from the first directory's; "
+                                 "runs from different machines or settings cannot be merged")
+        reference = reference or dense
+        for sid, curve in c.items():
+            if sid not in curves:
+                curves[sid], sections[sid] = curve, _section(path, sid)
+    return meta, curves, sections
 
 
 def _adaptive(section: Optional[dict[str, Any]]) -> bool:
@@ -122,19 +149,20 @@ def _time_at_rate(sid: str, curve: dict[str, Any], steps_to_target: Optional[int
     return {"step_s": run["median_step"], "time_s": time_s, "source": "loopback steps × cluster step"}
 
 
-def build(outdir: Path, clusters: dict[str, Path]) -> dict[str, Any]:
-    meta, curves = _load_dir(outdir)
-    sections = {sid: _section(outdir, sid) for sid in meta["systems"]}
+def build(dirs: Sequence[Path] | Path, clusters: dict[str, Sequence[Path] | Path]) -> dict[str, Any]:
+    """The fidelity table of the runs in ``dirs`` (loss per step), with step times from ``clusters`` (rate →
+    bench_e2e directories on the emulated cluster)."""
+    meta, curves, sections = _load_dirs(_paths(dirs))
     ref_id = "ds_dense" if "ds_dense" in curves else next((s for s in curves if _family(sections[s]) == "dense"),
                                                           None)
     if ref_id is None or not curves[ref_id]["smoothed"]:
         raise SystemExit("fidelity: the run has no dense system (ds_dense or a mode 'dense' config) to compare with")
     ref = curves[ref_id]
     target = ref["smoothed"][max(0, int(TARGET_FRACTION * len(ref["smoothed"])) - 1)]
-    cluster_curves = {rate: _load_dir(path)[1] for rate, path in clusters.items()}
+    cluster_curves = {rate: _load_dirs(_paths(path))[1] for rate, path in clusters.items()}
     rows = []
     for sid, c in curves.items():
-        if not c["smoothed"]:
+        if not c["smoothed"] or sid.startswith("compute_only"):   # one rank alone: only its step time means something
             continue
         n = min(len(c["smoothed"]), len(ref["smoothed"]))
         reach = _first_reach(c["smoothed"], target)
@@ -154,7 +182,12 @@ def build(outdir: Path, clusters: dict[str, Path]) -> dict[str, Any]:
             mine = r["rates"][rate]["time_s"]
             r["rates"][rate]["speedup"] = dense_t / mine if dense_t and mine else None
     return {"model": meta["model"], "steps": meta["steps"], "reference": ref_id, "target_loss": target,
-            "env": meta.get("env"), "clusters": {k: str(v) for k, v in clusters.items()}, "systems": rows}
+            "env": meta.get("env"), "runs": [str(p) for p in _paths(dirs)],
+            "clusters": {k: ", ".join(str(p) for p in _paths(v)) for k, v in clusters.items()}, "systems": rows}
+
+
+def _paths(value: Sequence[Path] | Path) -> list[Path]:
+    return [value] if isinstance(value, Path) else list(value)
 
 
 def _section(outdir: Path, sid: str) -> Optional[dict[str, Any]]:
@@ -257,11 +290,12 @@ def _cumsum(xs: Sequence[float]) -> list[float]:
     return out
 
 
-def report(outdir: Path, clusters: dict[str, Path]) -> dict[str, Any]:
-    res = build(outdir, clusters)
-    (outdir / "fidelity.json").write_text(json.dumps(res, indent=1))
-    (outdir / "fidelity.md").write_text(markdown(res))
-    plots(res, outdir / "plots", _load_dir(outdir)[1], {k: _load_dir(v)[1] for k, v in clusters.items()})
+def report(dirs: Sequence[Path], clusters: dict[str, list[Path]], out: Path) -> dict[str, Any]:
+    res = build(dirs, clusters)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "fidelity.json").write_text(json.dumps(res, indent=1))
+    (out / "fidelity.md").write_text(markdown(res))
+    plots(res, out / "plots", _load_dirs(dirs)[1], {k: _load_dirs(v)[1] for k, v in clusters.items()})
     return res
 
 
@@ -284,12 +318,18 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     r.add_argument("--out", required=True)
     r.add_argument("--cluster", action="append", type=_cluster_arg, default=[], metavar="RATE=DIR")
     p = sub.add_parser("report", help="rebuild fidelity.md, fidelity.json and plots")
-    p.add_argument("dir")
+    p.add_argument("dirs", nargs="+", help="fidelity/bench_e2e outputs of one model; several are merged when "
+                                          "their dense curves are identical")
     p.add_argument("--cluster", action="append", type=_cluster_arg, default=[], metavar="RATE=DIR",
-                   help="a bench_e2e output on the emulated cluster whose step times give time to target at RATE")
+                   help="a bench_e2e output on the emulated cluster whose step times give time to target at RATE "
+                        "(repeat a rate to merge several)")
+    p.add_argument("--out", default=None, help="where fidelity.md/json and plots go (default: the first dir)")
     opts = parser.parse_args(argv)
-    out = run(opts) if opts.cmd == "run" else Path(opts.dir)
-    res = report(out, dict(opts.cluster))
+    dirs = [run(opts)] if opts.cmd == "run" else [Path(d) for d in opts.dirs]
+    clusters: dict[str, list[Path]] = {}
+    for rate, path in opts.cluster:
+        clusters.setdefault(rate, []).append(path)
+    res = report(dirs, clusters, Path(getattr(opts, "out", None) or dirs[0]))
     print(markdown(res))
 
 

@@ -299,7 +299,9 @@ class Synchronizer:
                     if ex.works[r - 1] is None or (not block and not ex.completed(r - 1)):
                         break                   # its previous round is not issued, or not done yet
                     run.round_wait_s += ex.wait(r - 1)
-                    ex.advance(r, self.channels.data_channels)
+                    t0 = time.perf_counter()
+                    ex.advance(r, self.channels.data_channels)    # encodes the next round: codec time
+                    run.stats.compress_s += time.perf_counter() - t0
                 b += 1
             run.next_round_b[r] = b
 

@@ -105,3 +105,20 @@ def test_config_systems_must_match_the_base(tmp_path: Path) -> None:
         config_system(str(other), base)
     with pytest.raises(ValueError, match="no such file"):
         config_system(str(tmp_path / "missing.json"), base)
+
+
+def test_runs_merge_only_with_identical_dense_curves(tmp_path: Path) -> None:
+    first = _write_run(tmp_path / "a", "mlp", {
+        "ds_dense": {"loss": DENSE, "time": 0.1, "bytes": 1000.0, "gravac": None},
+        "gv_topk_100": {"loss": SLOW, "time": 0.1, "bytes": 10.0, "gravac": STATIC}})
+    second = _write_run(tmp_path / "b", "mlp", {
+        "gv_dense": {"loss": DENSE[:50], "time": 0.1, "bytes": 1000.0, "gravac": {"mode": "dense"}},
+        "gv_topk_100": {"loss": DENSE, "time": 0.1, "bytes": 10.0, "gravac": STATIC},   # first directory wins
+        "gv_other": {"loss": DENSE, "time": 0.1, "bytes": 10.0, "gravac": STATIC}})
+    rows = {r["id"]: r for r in build([first, second], {})["systems"]}
+    assert set(rows) == {"ds_dense", "gv_dense", "gv_topk_100", "gv_other"}
+    assert rows["gv_topk_100"]["final_loss"] == pytest.approx(smooth(SLOW)[-1])
+    third = _write_run(tmp_path / "c", "mlp", {
+        "ds_dense": {"loss": [x + 1e-6 for x in DENSE], "time": 0.1, "bytes": 1000.0, "gravac": None}})
+    with pytest.raises(SystemExit, match="dense loss curve of .* differs"):
+        build([first, third], {})
