@@ -12,7 +12,7 @@ export WANDB_SILENT ?= true
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/$(VENV)/torch_extensions
 
 MODEL ?= resnet101
-CONFIG ?= ds_configs/gravac_topk.json
+CONFIG ?= ds_configs/resnet101_recommended.json
 PYTEST_ARGS ?=
 
 .PHONY: setup test train bench clean

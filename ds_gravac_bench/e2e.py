@@ -64,8 +64,17 @@ def _runner_env(**extra: str) -> dict[str, str]:
     return dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", WANDB_MODE="offline", **extra)
 
 
+def free_port() -> int:
+    """A TCP port nobody listens on now: concurrent loopback invocations must not share a rendezvous port."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def run_local(script: str, args: list[str], ddp: bool, port: int, timeout: float, log: Path) -> int:
-    """Smoke mode: both ranks on this machine (127.0.0.1), no namespaces."""
+    """Smoke and loopback modes: both ranks on this machine (127.0.0.1), no namespaces."""
     env = _runner_env()
     launcher = [str(VENV_BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", str(port)] if ddp else \
         [str(VENV_BIN / "deepspeed"), "--num_gpus", "2", "--master_port", str(port)]
@@ -145,12 +154,11 @@ def run_matrix(opts: argparse.Namespace) -> Path:
     net = "local" if opts.smoke else opts.rate
     out = Path(opts.out or ROOT / "bench_results" / f"{dt.date.today()}-{opts.model}-{net}")
     (out / "configs").mkdir(parents=True, exist_ok=True)
-    if opts.lr is None and opts.model not in ("lstm", "mlp") and not getattr(opts, "keep_lr", False):
-        opts.lr = 0.001       # the paper's lr 0.1 assumes a 1,024-image global batch; 2 ranks × 32 diverge with it
-    if opts.lr is not None:   # the LSTM keeps its config's lr (0.1, the paper's) unless --lr is given
+    if opts.lr is not None:   # otherwise the model's dense config sets it (ds_configs/README.md explains each)
         base["optimizer"]["params"]["lr"] = opts.lr
     script = SCRIPTS.get(opts.model, "runners/train_cifar.py")
     meta: dict[str, Any] = {"env": env_block(), "model": opts.model, "N": opts.ranks, "steps": opts.steps,
+                            "runner_extra": list(getattr(opts, "runner_extra", None) or ()),
                             "ablation": opts.ablation, "epsilon": opts.epsilon, "theta_min": opts.theta_min,
                             "lr": base["optimizer"]["params"]["lr"], "micro_batch": opts.micro_batch,
                             "network": {"rate": net, "delay": "0"}, "systems": {}}
@@ -170,7 +178,8 @@ def run_matrix(opts: argparse.Namespace) -> Path:
             cfg_path.write_text(json.dumps(cfg, indent=1))
             log_dir = out / "systems" / sid
             log_dir.mkdir(parents=True, exist_ok=True)
-            args = runner_args(spec, opts.model, opts.steps, cfg_path, log_dir, opts.micro_batch)
+            args = runner_args(spec, opts.model, opts.steps, cfg_path, log_dir, opts.micro_batch) \
+                + list(getattr(opts, "runner_extra", None) or ())
             ddp = spec.system.startswith("ddp")
             print(f"[bench_e2e] {n + 1}/{len(ids)} {sid} ...", flush=True)
             if spec.system in ("local", "local_engine"):
@@ -192,7 +201,7 @@ def run_matrix(opts: argparse.Namespace) -> Path:
 def _run_one(cluster: Any, script: str, args: list[str], ddp: bool, port: int, timeout: float,
              log_dir: Path) -> tuple[Optional[int], Optional[int]]:
     if cluster is None:
-        return run_local(script, args, ddp, port, timeout, log_dir / "log.txt"), None
+        return run_local(script, args, ddp, free_port(), timeout, log_dir / "log.txt"), None
     before = cluster.tx_bytes(0)
     launch = cluster.launch_torchrun if ddp else cluster.launch_deepspeed
     results = launch(script, args, port=port, timeout=timeout)
@@ -219,8 +228,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                      "keys of a system's gravac section: gv_gravac@epsilon=0.1@compressor.params.rank=8; "
                      "cfg:<file> runs a config file's gravac section (its other keys must equal the base config's)")
     run.add_argument("--micro-batch", type=int, default=None)
+    run.add_argument("--runner-extra", default="", type=str.split, metavar="'OPTIONS'",
+                     help="runner options added for every system, e.g. '--lstm-size medium'")
     run.add_argument("--lr", type=float, default=None,
-                     help="optimizer lr (default: 0.001 for the CNNs, the config's 0.1 for the LSTM)")
+                     help="optimizer lr (default: the model's dense config in ds_configs/)")
     run.add_argument("--epsilon", type=float, default=0.7, help="GraVAC's ε for the gv_gravac* systems")
     run.add_argument("--theta-min", type=float, default=10.0,
                      help="GraVAC's θ_min (smallest compression factor) for the gv_gravac* systems; >= 1, < 1000")

@@ -40,13 +40,15 @@ class FidelityTask:
     steps: int
     systems: tuple[str, ...]
     micro_batch: Optional[int] = None
+    runner_extra: tuple[str, ...] = ()
 
 
 TASKS = {
     "resnet101": FidelityTask("resnet101", 300, ("ds_dense", "gv_powersgd_r16", "gv_powersgd_r4", "gv_acpsgd_r16",
                                                  "gv_topk_10", "gv_topk_100", "gv_dgc_10_nomask")),
     "vgg16": FidelityTask("vgg16", 150, ("ds_dense", "gv_powersgd_r16", "gv_powersgd_r4", "gv_topk_100")),
-    "lstm": FidelityTask("lstm", 150, ("ds_dense", "gv_powersgd_r16", "gv_powersgd_r4", "gv_topk_100")),
+    "lstm": FidelityTask("lstm", 150, ("ds_dense", "gv_powersgd_r16", "gv_powersgd_r4", "gv_topk_100"),
+                         runner_extra=("--lstm-size", "medium")),
     "mlp": FidelityTask("mlp", 300, ("ds_dense", "gv_powersgd_r16", "gv_powersgd_r4", "gv_topk_10", "gv_topk_100",
                                      "gv_dgc_10_nomask")),
 }
@@ -63,7 +65,7 @@ def run(opts: argparse.Namespace) -> Path:
     e2e = argparse.Namespace(model=task.model, rate="loopback", ranks=2, steps=opts.steps or task.steps,
                              systems=opts.systems or ",".join(task.systems), micro_batch=opts.micro_batch
                              or task.micro_batch, lr=None, epsilon=0.7, theta_min=10.0, ablation=None, tag=3,
-                             timeout=opts.timeout, out=opts.out, smoke=False, keep_lr=True)
+                             timeout=opts.timeout, out=opts.out, smoke=False, runner_extra=task.runner_extra)
     return run_matrix(e2e)
 
 

@@ -126,7 +126,8 @@ class LMCorpus:
 class SyntheticTokenStream:
     """Seeded sparse first-order Markov chain over ``vocab_size`` tokens.
 
-    Every token has ``branching`` successors (drawn uniformly, duplicates merged) with Dirichlet(1)
+    Every token has ``branching`` successors (drawn uniformly, or with ``zipf`` > 0 by a Zipf law over the
+    vocabulary so that word frequencies are skewed as in real text; duplicates merged) with Dirichlet(1)
     probabilities, all from a generator seeded by ``seed``. Because the chain is first order, no model
     can beat the conditional entropy H(next | current): that is the known floor (``entropy_floor``).
 
@@ -137,12 +138,18 @@ class SyntheticTokenStream:
 
     BURN_IN = 32
 
-    def __init__(self, vocab_size: int, num_tokens: int, seed: int, branching: int = 4) -> None:
-        if vocab_size < 2 or num_tokens < 2 or not 1 <= branching <= vocab_size:
-            raise ValueError("SyntheticTokenStream: need vocab_size >= 2, num_tokens >= 2, 1 <= branching <= vocab")
+    def __init__(self, vocab_size: int, num_tokens: int, seed: int, branching: int = 4, zipf: float = 0.0) -> None:
+        if vocab_size < 2 or num_tokens < 2 or not 1 <= branching <= vocab_size or zipf < 0:
+            raise ValueError("SyntheticTokenStream: need vocab_size >= 2, num_tokens >= 2, 1 <= branching <= vocab, "
+                             "zipf >= 0")
         self.vocab_size, self.num_tokens, self.seed, self.branching = vocab_size, num_tokens, seed, branching
         g = _generator(seed, 0x70C)
-        self.successors = torch.randint(vocab_size, (vocab_size, branching), generator=g)
+        if zipf > 0:   # successors drawn by rank frequency 1/(k+1)^zipf: word frequencies as in real text
+            weights = torch.arange(1, vocab_size + 1, dtype=torch.float64).pow(-zipf)
+            draw = torch.multinomial(weights, vocab_size * branching, replacement=True, generator=g)
+            self.successors = draw.view(vocab_size, branching)
+        else:
+            self.successors = torch.randint(vocab_size, (vocab_size, branching), generator=g)
         w = -torch.log(torch.rand(vocab_size, branching, generator=g).clamp_min(1e-12))
         self.probs = w / w.sum(dim=1, keepdim=True)
         self.tokens = self._generate(_generator(seed, 0x57E))

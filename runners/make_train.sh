@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
 # `make train [MODEL=...] [CONFIG=...]`: one real 2-rank job under the deepspeed launcher, sized to finish in a
-# few minutes on 2 CPU cores, then the runner prints its summary (CF timeline, bytes, eval, wandb run dir).
+# few minutes on 2 CPU cores, then the runner prints its summary (CF timeline, bytes, eval, the loss next to the
+# dense run's when one exists, wandb run dir).
 #
-# Default: ResNet101 + GraVAC exponential Top-k (ds_configs/gravac_topk.json: window 24, so the 120-step run
-# walks through several candidate CFs) on synthetic CIFAR-10, micro batch 16 per rank instead of the config's 32
-# (ResNet101 fwd+bwd at 16 is ~0.5 s on one core, ~1-2 s per step with Top-k and 2 ranks sharing 2 cores):
-# about 4-5 minutes including start-up. MODEL=lstm runs runners/train_ptb.py (LSTM "medium", 650 wide);
-# MODEL=vgg16/resnet18/tiny_cnn run runners/train_cifar.py. With the default CONFIG and a model other than
-# resnet101, ds_configs/<model>_gravac_exp.json is used.
+# Default: ResNet101 with ds_configs/resnet101_recommended.json (static PowerSGD rank 16: the configuration that
+# reached DeepSpeed dense's loss soonest in docs/BENCHMARKS.md) on synthetic CIFAR-10, micro batch 16 per rank
+# instead of the config's 32 (ResNet101 fwd+bwd at 16 is ~0.5 s on one core): about 3-4 minutes including
+# start-up. With the default CONFIG and another MODEL, ds_configs/<model>_recommended.json is used (VGG16-bn:
+# 80 steps; the LSTM: runners/train_ptb.py, "medium" 650 wide, 60 steps). MODEL=resnet18/tiny_cnn/mlp run
+# runners/train_cifar.py with the ResNet101 config.
 # Environment knobs: STEPS, MICRO_BATCH (empty: the config's), NPROC (2), MASTER_PORT (default: a free port),
 # TRAIN_ARGS (extra runner options, e.g. "--system deepspeed --no-wandb").
 set -euo pipefail
 MODEL="${1:-resnet101}"
-CONFIG="${2:-ds_configs/gravac_topk.json}"
-DEFAULT_CONFIG="ds_configs/gravac_topk.json"
+CONFIG="${2:-ds_configs/resnet101_recommended.json}"
+DEFAULT_CONFIG="ds_configs/resnet101_recommended.json"
 
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 export DS_ACCELERATOR="${DS_ACCELERATOR:-cpu}"
@@ -24,12 +25,12 @@ RUNNER=runners/train_cifar.py
 EXTRA=()
 case "$MODEL" in
   resnet101) steps=120; micro=16 ;;
-  vgg16)     steps=60;  micro=16 ;;
+  vgg16)     steps=80;  micro=16 ;;
   lstm)      steps=60;  micro=""; RUNNER=runners/train_ptb.py; EXTRA=(--lstm-size medium) ;;
   *)         steps=120; micro="" ;;
 esac
-if [ "$CONFIG" = "$DEFAULT_CONFIG" ] && [ "$MODEL" != resnet101 ] && [ -f "ds_configs/${MODEL}_gravac_exp.json" ]; then
-  CONFIG="ds_configs/${MODEL}_gravac_exp.json"
+if [ "$CONFIG" = "$DEFAULT_CONFIG" ] && [ "$MODEL" != resnet101 ] && [ -f "ds_configs/${MODEL}_recommended.json" ]; then
+  CONFIG="ds_configs/${MODEL}_recommended.json"
 fi
 STEPS="${STEPS:-$steps}"
 MICRO_BATCH="${MICRO_BATCH-$micro}"

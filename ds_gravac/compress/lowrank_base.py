@@ -34,7 +34,9 @@ F32 = torch.float32
 
 
 class LowRankParams(CompressorParams):
-    rank: int = Field(4, ge=1, le=1024)
+    # 16: the rank that learned as fast as dense per step on every task measured (docs/BENCHMARKS.md §5);
+    # PyTorch's hook and the PowerSGD paper use 1-4, which lagged far behind here
+    rank: int = Field(16, ge=1, le=1024)
     min_compression_rate: float = Field(2.0, ge=1.0)
     error_feedback: bool = True
     orthogonalize: Literal["qr", "gram_schmidt"] = "qr"

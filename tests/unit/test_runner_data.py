@@ -215,6 +215,24 @@ def test_token_stream_deterministic_and_follows_chain() -> None:
     assert int((~legal).sum()) <= 4  # only the junctions between parallel chains (5000 // 1024 = 4 chains)
 
 
+def test_zipf_stream_skews_word_frequencies_and_keeps_the_chain() -> None:
+    uniform = SyntheticTokenStream(500, 40000, seed=5)
+    zipf = SyntheticTokenStream(500, 40000, seed=5, zipf=0.8)
+    assert torch.equal(SyntheticTokenStream(500, 40000, seed=5, zipf=0.0).tokens, uniform.tokens)  # old stream kept
+
+    def unigram_entropy(s: SyntheticTokenStream) -> float:
+        p = torch.bincount(s.tokens, minlength=500).double() / s.num_tokens
+        return float(-(p[p > 0] * p[p > 0].log()).sum())
+    assert unigram_entropy(zipf) < unigram_entropy(uniform) - 0.3
+    # successors are ranked: the most frequent successor ids are the low ones
+    counts = torch.bincount(zipf.successors.reshape(-1), minlength=500)
+    assert counts[:50].sum() > 2 * counts[250:300].sum()
+    prev, nxt = zipf.tokens[:-1], zipf.tokens[1:]
+    assert int((~(zipf.successors[prev] == nxt.unsqueeze(1)).any(dim=1)).sum()) <= 40000 // 1024
+    with pytest.raises(ValueError, match="zipf"):
+        SyntheticTokenStream(50, 500, seed=1, zipf=-1.0)
+
+
 def test_entropy_floor_matches_oracle_cross_entropy() -> None:
     s = SyntheticTokenStream(40, 50000, seed=4, branching=4)
     trans = torch.zeros(40, 40, dtype=torch.float64)
