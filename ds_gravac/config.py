@@ -94,7 +94,7 @@ class GravacConfig(StrictModel):
     # general
     enabled: bool = True
     # defaults chosen by measurement (docs/BENCHMARKS.md §5): static PowerSGD at rank 16 reached dense's loss
-    # soonest on every task; GraVAC stays one key away ("mode": "gravac")
+    # soonest on ResNet101 and as soon as the best elsewhere; GraVAC stays one key away ("mode": "gravac")
     mode: Literal["gravac", "static", "accordion", "dense"] = "static"
     compressor: CompressorSpec = Field(default_factory=CompressorSpec)
     cf: float = Field(100.0, ge=1)

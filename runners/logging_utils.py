@@ -72,7 +72,10 @@ class Summary:
             self.bytes_sent += float(record["bytes_sent"])
             self.dense_bytes += float(record["dense_bytes"])
         if "branch" in record:
-            self.timeline.append((str(record["branch"]), float(record.get("cf_sent") or 1.0), int(record["step"])))
+            branch = str(record["branch"])
+            if record.get("level_kind") == "rank" and branch != "dense":
+                branch += " rank"          # a low-rank compressor's static/Accordion level is a rank, not a CF
+            self.timeline.append((branch, float(record.get("cf_sent") or 1.0), int(record["step"])))
         if record.get("mode") == "gravac" and record.get("gravac/theta_c") is not None:
             self.candidates.append(("cand", float(record["gravac/theta_c"]), int(record["step"])))
 
@@ -137,7 +140,8 @@ class Summary:
     def _timeline_lines(self) -> list[str]:
         """Sent CFs (what went on the wire) and, for GraVAC, the candidate CF each window evaluated."""
         out = []
-        for label, timeline, show_branch in (("CF timeline (branch@cf x steps [first-last])", self.timeline, True),
+        for label, timeline, show_branch in (("CF timeline (branch@cf or @rank, x steps [first-last])", self.timeline,
+                                              True),
                                              ("GraVAC candidates (theta_c x steps [first-last])", self.candidates,
                                               False)):
             runs = self.cf_runs(timeline)
@@ -147,7 +151,8 @@ class Summary:
 
 
 def _join_runs(runs: list[tuple[str, float, int, int]], show_branch: bool, limit: int = 12) -> str:
-    text = [f"{b + '@' if show_branch else ''}{cf:g}x x{last - first + 1} [{first}-{last}]"
+    text = [f"{b.removesuffix(' rank') + '@rank ' if b.endswith(' rank') else (b + '@' if show_branch else '')}"
+            f"{cf:g}{'' if b.endswith(' rank') else 'x'} x{last - first + 1} [{first}-{last}]"
             for b, cf, first, last in runs]
     if len(text) > limit:
         text = text[: limit // 2] + [f"... {len(text) - limit} more runs ..."] + text[-limit // 2:]
@@ -206,7 +211,8 @@ class MetricsLogger:
         if self._bar is not None:
             post = {"loss": f"{record['loss']:.3f}"}
             if "cf_sent" in record:
-                post["cf"] = f"{record['cf_sent']:g}"
+                key = "rank" if record.get("level_kind") == "rank" and record.get("branch") != "dense" else "cf"
+                post[key] = f"{record['cf_sent']:g}"
             self._bar.set_postfix(post, refresh=False)
             self._bar.update(1)
 

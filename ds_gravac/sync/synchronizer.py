@@ -393,7 +393,8 @@ class Synchronizer:
         decision = run.plan.decision
         rec = statvec.step_record(
             step=run.plan.step, mode=self.config.mode, branch="dense" if nonfinite else str(decision.branch),
-            cf_sent=1.0 if nonfinite else decision.send_level, numel_total=self.numel_total,
+            cf_sent=1.0 if nonfinite else decision.send_level, level_kind=self.comp.level_kind,
+            numel_total=self.numel_total,
             values_sent=st.values_sent, bytes_sent=st.bytes_sent,
             dense_bytes=ring_allreduce_bytes(4 * self.numel_total, self.world_size), payload_bytes=payload,
             compressed_numel=compressed_numel, compressed_values=st.values_sent - dense_values,

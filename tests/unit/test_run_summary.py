@@ -50,3 +50,12 @@ def test_no_reference_no_line_and_short_reference_is_named(tmp_path: Path) -> No
     own.write_text("".join(json.dumps(r) + "\n" for r in _records([1.0, 0.9])))
     assert not any(x.startswith(("vs reference", "reference")) for x in
                    _summary([1.0, 0.9]).lines("hdr", 0.0, None, str(own), str(own)))
+
+
+def test_timeline_names_ranks_of_low_rank_compressors() -> None:
+    s = Summary()
+    for i, (branch, level, kind) in enumerate([("dense", 1.0, "rank"), ("cand", 16.0, "rank"), ("cand", 16.0, "rank"),
+                                               ("cand", 100.0, "cf")]):
+        s.add({"step": i + 1, "loss": 1.0, "time/step": 0.1, "branch": branch, "cf_sent": level, "level_kind": kind})
+    line = next(x for x in s.lines("hdr", 0.0, None, "x.jsonl") if x.startswith("CF timeline"))
+    assert line.endswith("dense@1x x1 [1-1], cand@rank 16 x2 [2-3], cand@100x x1 [4-4]")
