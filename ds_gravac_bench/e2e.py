@@ -158,7 +158,7 @@ def run_matrix(opts: argparse.Namespace) -> Path:
         base["optimizer"]["params"]["lr"] = opts.lr
     script = SCRIPTS.get(opts.model, "runners/train_cifar.py")
     meta: dict[str, Any] = {"env": env_block(), "model": opts.model, "N": opts.ranks, "steps": opts.steps,
-                            "runner_extra": list(getattr(opts, "runner_extra", None) or ()),
+                            "runner_extra": list(opts.runner_extra),
                             "ablation": opts.ablation, "epsilon": opts.epsilon, "theta_min": opts.theta_min,
                             "lr": base["optimizer"]["params"]["lr"], "micro_batch": opts.micro_batch,
                             "network": {"rate": net, "delay": "0"}, "systems": {}}
@@ -179,7 +179,7 @@ def run_matrix(opts: argparse.Namespace) -> Path:
             log_dir = out / "systems" / sid
             log_dir.mkdir(parents=True, exist_ok=True)
             args = runner_args(spec, opts.model, opts.steps, cfg_path, log_dir, opts.micro_batch) \
-                + list(getattr(opts, "runner_extra", None) or ())
+                + list(opts.runner_extra)
             ddp = spec.system.startswith("ddp")
             print(f"[bench_e2e] {n + 1}/{len(ids)} {sid} ...", flush=True)
             if spec.system in ("local", "local_engine"):
