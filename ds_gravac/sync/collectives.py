@@ -12,7 +12,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 from deepspeed import comm as dist
@@ -31,15 +31,29 @@ def collective_failed(what: str, exc: BaseException) -> GravacError:
                        f"collectives time out after the 'timeout_s' config key)")
 
 
+# How long ``Work.wait`` gives a gloo worker thread to let go of a finished collective (normally microseconds).
+RELEASE_DEADLINE_S = 1.0
+release_timeouts = 0          # waits that gave up on that (tests assert it stays 0: our code holds no extra refs)
+
+
 @dataclass
 class Work:
-    """An in-flight collective with its launch time; ``finish_t`` is set when it was waited for."""
+    """An in-flight collective with its launch time; ``finish_t`` is set when it was waited for.
+
+    ``tensors``/``counts`` (gloo only): the tensors handed to the collective and their reference counts before it.
+    Gloo's worker thread drops its reference to a work a moment *after* marking it complete; if that reference is
+    the last one, the work's tensors are freed on the worker thread, which needs the GIL — and when the interpreter
+    is already shutting down (the step was the script's last), taking the GIL ends the thread inside C++ and the
+    process aborts ("terminate called without an active exception"). So ``wait`` drops our handle and waits until
+    the tensors are back at their counts, i.e. no backend thread holds anything of ours once ``wait`` returns."""
 
     handle: Any
     launch_t: float
     nbytes: int
     what: str = "collective"
     finish_t: Optional[float] = None
+    tensors: Sequence[torch.Tensor] = ()
+    counts: Sequence[int] = ()
 
     def wait(self) -> float:
         """Block until done; returns the seconds spent blocked."""
@@ -49,8 +63,23 @@ class Work:
                 self.handle.wait()
             except RuntimeError as exc:
                 raise collective_failed(self.what, exc) from exc
+            self.handle = None
+            self._settle()
         self.finish_t = time.perf_counter()
         return self.finish_t - t0
+
+    def _settle(self) -> None:
+        """Wait (yielding the GIL) until the backend thread has released the finished work's tensors."""
+        global release_timeouts
+        start = None
+        while any(t._use_count() > c for t, c in zip(self.tensors, self.counts)):
+            now = time.perf_counter()
+            start = start if start is not None else now
+            if now - start > RELEASE_DEADLINE_S:
+                release_timeouts += 1
+                break
+            time.sleep(0 if now - start < 1e-3 else 1e-4)       # yield the GIL and the core to that thread
+        self.tensors = self.counts = ()
 
     def is_completed(self) -> bool:
         return self.handle is None or bool(self.handle.is_completed())
@@ -102,18 +131,29 @@ def _issue(what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         raise collective_failed(what, exc) from exc
 
 
+def _tracked(group: Any, *tensors: torch.Tensor) -> dict[str, Any]:
+    """The tensors whose release ``Work.wait`` waits for — on gloo groups only (NCCL's watchdog thread keeps finished
+    works for a while by design and frees them safely)."""
+    import torch.distributed as tdist
+    if not hasattr(torch.Tensor, "_use_count") or tdist.get_backend(group) != "gloo":
+        return {}
+    return {"tensors": tensors, "counts": [t._use_count() for t in tensors]}
+
+
 def all_reduce_async(t: torch.Tensor, group: Any, what: str = "all_reduce") -> Work:
     _nonempty(t, "all_reduce")
     t0 = time.perf_counter()
+    tracked = _tracked(group, t)
     return Work(_issue(what, dist.all_reduce, t, group=group, async_op=True), t0, t.numel() * t.element_size(),
-                what)
+                what, **tracked)
 
 
 def all_gather_async(out: torch.Tensor, t: torch.Tensor, group: Any, what: str = "all_gather") -> Work:
     _nonempty(t, "all_gather")
     t0 = time.perf_counter()
+    tracked = _tracked(group, out, t)
     return Work(_issue(what, dist.all_gather_into_tensor, out, t, group=group, async_op=True), t0,
-                t.numel() * t.element_size(), what)
+                t.numel() * t.element_size(), what, **tracked)
 
 
 def broadcast(t: torch.Tensor, src: int, group: Any, what: str = "broadcast") -> None:
