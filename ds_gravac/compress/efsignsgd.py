@@ -1,0 +1,66 @@
+"""``efsignsgd``: scaled sign compression with error feedback in update space (EF-signSGD).
+
+The memory ``e`` lives in the space of parameter updates: each step forms ``p = γ·g + e`` (``γ`` = the parameter
+group's current learning rate, ``ctx.lr``), sends ``Δ = (‖p‖₁/L)·sign(p)`` in the mean-abs onebit layout
+(``scale: fp32[1]`` + sign bits) and keeps ``e ← p − Δ``. The owner re-encodes its merged Δ the same way with its
+own update-space residual. Because the aggregate is an update, the synchronizer divides the decoded result by γ
+before writing the gradient (``update_space = True``), so the optimizer's ``γ·G`` applies exactly the aggregate
+of Δ — which is why the optimizer must be plain SGD without momentum. With a constant γ the algorithm is onebit
+(mean-abs) with error feedback, scaled by γ.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any, Optional
+
+import torch
+
+from . import signbits
+from .base import CompressCtx, CompressorParams, Payload, Section, TensorPlan
+from .dgc import _optimizer_chain
+from .quantize import OwnMemoryQuantizer
+
+Tensor = torch.Tensor
+
+
+class EFSignSGDParams(CompressorParams):
+    """No parameters: error feedback is the algorithm."""
+
+
+class EFSignSGD(OwnMemoryQuantizer):
+    """Mean-abs sign compression of ``γ·g + e``; memory slot ``e`` (update space, per rank)."""
+
+    name = "efsignsgd"
+    Params = EFSignSGDParams
+    GRID = (32.0,)
+    update_space = True
+    memory_slots = ("e",)
+    input_slot = "e"
+
+    @property
+    def server_error_feedback(self) -> bool:
+        return True
+
+    def check_engine(self, engine: Any) -> None:
+        """Warn unless the optimizer is SGD without momentum: any other rule distorts the aggregate Δ."""
+        chain = _optimizer_chain(engine)
+        sgd = next((o for o in chain if isinstance(o, torch.optim.SGD)), None)
+        if sgd is None or any(float(g.get("momentum", 0.0)) != 0.0 for g in sgd.param_groups):
+            warnings.warn("ds_gravac: compressor 'efsignsgd' sends updates, not gradients; use torch.optim.SGD "
+                          "without momentum", stacklevel=2)
+
+    def input_gain(self, ctx: CompressCtx) -> float:
+        return float(ctx.lr)
+
+    def sections(self, numel: int, theta: float) -> tuple[Section, ...]:
+        return signbits.sections(numel, 1)
+
+    def encode(self, x: Tensor, plan: TensorPlan, out: Payload, ctx: CompressCtx, server: bool) -> None:
+        signbits.encode_mean_abs(x, out)
+
+    def decompress(self, p: Payload, out: Tensor, accumulate: bool, scale: float,
+                   ctx: Optional[CompressCtx] = None) -> None:
+        signbits.decode_mean_abs(p, out, accumulate, scale)
+
+    def sent_sq_norm(self, p: Payload, ctx: Optional[CompressCtx] = None) -> Tensor:
+        return signbits.mean_abs_sq_norm(p)

@@ -1,0 +1,264 @@
+"""Shared machinery of the quantizers (the ``QUANTIZED`` kind): static plans, seeded streams, error feedback, and
+the owner's half of the parameter-server exchange.
+
+Every quantizer encodes one *partition* of ``L`` elements (a slice of a bucket's flat buffer, possibly spanning
+several tensors) into a payload of statically known size: fp32 header sections first (scales, min/max, norms),
+then the packed codes (``ds_gravac.compress.bitpack``). The level is a compression factor snapped to the
+compressor's grid; the plan's ``level`` is the realized CF.
+
+Exchange protocol. Rank ``w`` encodes its slice of partition ``j`` with :meth:`Quantizer.compress` and sends it
+to the owner ``j``. The owner, with the payloads of all ``N`` ranks in rank order and a scratch ``y`` of ``L``
+fp32 elements, runs::
+
+    comp.merge_decode(payloads, y, ctx, server_residual=s_j)   # y = (1/N)·Σ_w D(p_w) + s_j   (s_j may be None)
+    comp.server_encode(y, plan, q, ctx)                        # pure re-encode of the merged partition
+    if comp.server_error_feedback:                             # and the section-level switch is on
+        comp.server_commit(y, q, ctx)                          # y ← y − D(q): the next s_j, adopt after agreement
+
+after which ``q`` is all-gathered and every rank, the owner included, decodes ``G_j = D(q)`` with
+``scale = 1`` (the average is already inside ``q``; never use ``y``, or replicas drift apart). With ``ctx.rank``
+= the owner's rank, stochastic re-encoding draws from the server's own stream, distinct from the owner's worker
+stream. ``signsgd`` merges differently (a majority vote, see its module); the protocol is the same.
+
+Error feedback. ``worker_error_feedback`` / ``server_error_feedback`` report the compressor's own default (its
+``error_feedback`` parameter); the synchronizer ANDs them with the section-level switch. With worker EF off but a
+residual view supplied, :meth:`Quantizer.commit` leaves zeros in it (the memory such a compressor keeps), so
+a generic memory that adopts the scratch never accumulates stale input. Compressors with their own memory
+(:class:`OwnMemoryQuantizer`: TBQ, EF-signSGD) keep one slot that is also their input slot.
+"""
+from __future__ import annotations
+
+from typing import ClassVar, Optional, Sequence
+
+import torch
+
+from .base import (CompressCtx, Compressor, CompressorParams, Kind, Payload, Section, TensorPlan, mix_seed,
+                   stable_hash)
+
+Tensor = torch.Tensor
+
+# Stream ids of the dedicated generators (rank-local stochastic rounding). The server's re-encode of a merged
+# partition XORs SERVER_STREAM into the id, so an owner's worker and server draws are independent.
+STREAM_TERNGRAD = 0x7467_7264
+STREAM_TERNARY = 0x7465_726E
+STREAM_QSGD = 0x7173_6764
+SERVER_STREAM = 1 << 40
+
+FP32_MAX = torch.finfo(torch.float32).max
+
+
+class Quantizer(Compressor):
+    """Base of the ``QUANTIZED`` compressors: plan from :meth:`sections`, encode with :meth:`encode`."""
+
+    kind = Kind.QUANTIZED
+    server_reencode = True
+    multilevel = "none"
+    level_kind = "cf"
+    gain_kind = "none"
+    GRID: ClassVar[tuple[float, ...]] = (32.0,)
+    # True (EF-signSGD): payloads live in update space (γ·g); the synchronizer divides the decoded aggregate by
+    # the group's learning rate before writing the gradient, so the optimizer's γ·G applies exactly the sum.
+    update_space: ClassVar[bool] = False
+
+    def __init__(self, params: Optional[CompressorParams] = None) -> None:
+        super().__init__(params)
+        self._hashes: dict[str, int] = {}
+        self._gens: dict[tuple[str, int], torch.Generator] = {}
+
+    # ---- levels and plans -----------------------------------------------------------------------------
+    def cf_grid(self) -> Optional[list[float]]:
+        return sorted(self.GRID)
+
+    def default_cf(self) -> float:
+        """The CF these parameters ask for (what static mode should use when no ``cf`` is configured)."""
+        return float(self.GRID[0])
+
+    def sections(self, numel: int, theta: float) -> tuple[Section, ...]:
+        """Static wire layout of one partition of ``numel`` elements at the realized CF ``theta``."""
+        raise NotImplementedError
+
+    def plan_extra(self, theta: float) -> tuple[tuple[str, object], ...]:
+        """Knobs derived from the level (bit width, QSGD levels) that decode needs without recomputation."""
+        return ()
+
+    def make_plan(self, numel: int, level: float) -> TensorPlan:
+        if numel < 1:
+            raise ValueError(f"ds_gravac: {self.name} cannot plan an empty partition")
+        theta = self.realize_cf(level)
+        return TensorPlan(numel, theta, numel, self.sections(numel, theta), values_sent=numel,
+                          extra=self.plan_extra(theta))
+
+    # ---- error feedback switches ------------------------------------------------------------------------
+    @property
+    def worker_error_feedback(self) -> bool:
+        return bool(getattr(self.params, "error_feedback", False))
+
+    @property
+    def server_error_feedback(self) -> bool:
+        return self.worker_error_feedback
+
+    # ---- randomness -------------------------------------------------------------------------------------
+    def stream(self, x: Tensor, ctx: CompressCtx, stream: int, server: bool) -> torch.Generator:
+        """Rank-local generator for ``(seed, step, key, stream[, server], rank)``; re-seeded on every call, so
+        callers draw from it immediately and never hold it across another request."""
+        h = self._hashes.get(ctx.key)
+        if h is None:
+            h = self._hashes[ctx.key] = stable_hash(ctx.key)
+        sid = stream ^ SERVER_STREAM if server else stream
+        slot = (str(x.device), sid)
+        gen = self._gens.get(slot)
+        if gen is None:
+            gen = self._gens[slot] = torch.Generator(device=x.device)
+        gen.manual_seed(mix_seed(ctx.seed, ctx.step, h, sid, ctx.rank))
+        return gen
+
+    def uniform(self, x: Tensor, ctx: CompressCtx, stream: int, server: bool, count: Optional[int] = None
+                ) -> Tensor:
+        """``count`` (default ``x.numel()``) fp32 draws from ``U[0, 1)`` on x's device."""
+        gen = self.stream(x, ctx, stream, server)
+        return torch.rand(x.numel() if count is None else count, generator=gen, device=x.device,
+                          dtype=torch.float32)
+
+    # ---- encode / decode ----------------------------------------------------------------------------------
+    def encode(self, x: Tensor, plan: TensorPlan, out: Payload, ctx: CompressCtx, server: bool) -> None:
+        """Write the payload of the flat partition ``x`` (pure; ``server`` selects the server's stream)."""
+        raise NotImplementedError
+
+    def compress(self, x: Tensor, plan: TensorPlan, out: Payload, ctx: CompressCtx,
+                 update_state: bool) -> Optional[Tensor]:
+        x = x.detach().reshape(-1)
+        self.encode(x, plan, out, ctx, server=False)
+        if update_state:
+            self.commit(x, out, ctx)
+        return None
+
+    def server_encode(self, y: Tensor, plan: TensorPlan, out: Payload, ctx: CompressCtx) -> None:
+        """Re-encode the owner's merged partition ``y`` (never mutates; default: the worker encoding)."""
+        self.encode(y.detach().reshape(-1), plan, out, ctx, server=True)
+
+    def merge_decode(self, payloads: Sequence[Payload], y: Tensor, ctx: CompressCtx,
+                     server_residual: Optional[Tensor] = None) -> None:
+        """The owner's merge: ``y = (1/N)·Σ_w D(p_w) (+ s)``, ``N = len(payloads)``."""
+        inv = 1.0 / len(payloads)
+        y.zero_()
+        for p in payloads:   # one fused decode-accumulate per rank
+            self.decompress(p, y, accumulate=True, scale=inv, ctx=ctx)
+        if server_residual is not None:
+            y.add_(server_residual)
+
+    def server_commit(self, y: Tensor, q: Payload, ctx: CompressCtx) -> None:
+        """Turn the merged partition ``y`` in place into the server residual left after sending ``q``:
+        ``y − D(q)``, or zeros when this compressor keeps no server residual."""
+        if self.server_error_feedback:
+            self.decompress(q, y, accumulate=True, scale=-1.0, ctx=ctx)
+        else:
+            y.zero_()
+
+    def commit(self, x: Tensor, p: Payload, ctx: CompressCtx) -> None:
+        external_ef_commit(self, x, p, ctx, self.worker_error_feedback)
+
+
+class OwnMemoryQuantizer(Quantizer):
+    """A quantizer with one memory slot that is also its input (TBQ's residual, EF-signSGD's update-space
+    error): ``compensate`` forms ``x = gain·g + m`` and ``commit`` turns x in place into ``x − D(p)``."""
+
+    owns_state = True
+    memory_slots: ClassVar[tuple[str, ...]] = ("m",)
+    input_slot: ClassVar[Optional[str]] = "m"
+
+    @property
+    def worker_error_feedback(self) -> bool:
+        return True   # the memory is the algorithm, not an option
+
+    def input_gain(self, ctx: CompressCtx) -> float:
+        """Factor applied to the gradient before the memory is added (1; EF-signSGD: the learning rate)."""
+        return 1.0
+
+    def compensate(self, g: Tensor, out: Tensor, ctx: CompressCtx) -> None:
+        mem = ctx.memory[self.input_slot]
+        gain = self.input_gain(ctx)
+        if gain == 1.0:
+            torch.add(mem, g.reshape(-1), out=out)
+        else:   # rounded product, then sum: ``m + γ·g`` as written, whatever fused kernels a backend has
+            torch.mul(g.reshape(-1), gain, out=out)
+            out.add_(mem)
+
+    def commit(self, x: Tensor, p: Payload, ctx: CompressCtx) -> None:
+        self.decompress(p, x.reshape(-1), accumulate=True, scale=-1.0, ctx=ctx)
+
+
+# ---- small shared helpers --------------------------------------------------------------------------------
+def external_ef_commit(comp: Compressor, x: Tensor, p: Payload, ctx: CompressCtx, enabled: bool) -> None:
+    """External EF: ``ctx.residual ← x − D(p)`` (the residual may alias ``x``). With the compressor's or the
+    section's error feedback off, a supplied residual is zeroed instead: that is the memory an EF-off
+    compressor keeps, and a memory that adopts the scratch must not keep the stale input."""
+    r = ctx.residual
+    if r is None:
+        return
+    if not (ctx.error_feedback and enabled):
+        r.zero_()
+        return
+    if r.data_ptr() != x.data_ptr():
+        r.copy_(x.reshape(-1))
+    comp.decompress(p, r, accumulate=True, scale=-1.0, ctx=ctx)
+
+
+def emit(out: Tensor, values: Tensor, accumulate: bool) -> None:
+    """``out (+)= values`` — the fused decode-and-merge every ``decompress`` ends with."""
+    if accumulate:
+        out.add_(values)
+    else:
+        out.copy_(values)
+
+
+def put_header(view: Tensor, *values: Tensor) -> None:
+    """Store per-partition scalars (0-d tensors, any float dtype) into an fp32 header section."""
+    view.copy_(torch.stack([v.reshape(()).to(view.dtype) for v in values]))
+
+
+def as_compute(header: Tensor, like: Tensor) -> Tensor:
+    """Header values in the dtype decode/encode arithmetic uses (the output's), so both sides agree."""
+    return header.to(like.dtype if like.is_floating_point() else torch.float32)
+
+
+def mean_abs(x: Tensor) -> Tensor:
+    """``‖x‖₁/n`` accumulated in float64: finite for any finite fp32 input (an fp32 sum can overflow)."""
+    return x.abs().sum(dtype=torch.float64) / x.numel()
+
+
+def safe_rows_norm(rows: Tensor) -> Tensor:
+    """Euclidean norm of each row without overflow or underflow of the squares (scaled by the row max)."""
+    m = rows.abs().amax(dim=1)
+    unit = torch.where(m > 0, m, torch.ones_like(m))
+    return m * torch.linalg.vector_norm(rows / unit[:, None], dim=1)
+
+
+def safe_std(x: Tensor) -> Tensor:
+    """Population standard deviation (0 for one element) without overflow of the squares."""
+    m = x.abs().amax()
+    unit = torch.where(m > 0, m, torch.ones_like(m))
+    return m * torch.std(x / unit, correction=0)
+
+
+def stochastic_floor(v: Tensor, u: Optional[Tensor]) -> Tensor:
+    """``floor(v + u)`` (unbiased rounding with ``u ~ U[0, 1)``) or, with ``u = None``, round half up."""
+    return torch.floor(v + (u if u is not None else 0.5))
+
+
+def codes_from(v: Tensor, top: int) -> Tensor:
+    """Clamp real-valued code positions to ``[0, top]`` (NaN → 0) and make them integers for packing."""
+    return torch.nan_to_num(v, nan=0.0, posinf=float(top), neginf=0.0).clamp_(0, top).to(torch.int32)
+
+
+def theta_bits(theta: float) -> int:
+    """Bit width of a nominal CF ``32/bits``."""
+    return int(round(32.0 / theta))
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+__all__ = ["Quantizer", "OwnMemoryQuantizer", "external_ef_commit", "emit", "put_header", "as_compute",
+           "mean_abs", "safe_rows_norm", "safe_std", "stochastic_floor", "codes_from", "theta_bits", "ceil_div",
+           "STREAM_TERNGRAD", "STREAM_TERNARY", "STREAM_QSGD", "SERVER_STREAM", "FP32_MAX"]
