@@ -6,9 +6,9 @@
 # Default: ResNet101 with ds_configs/resnet101_recommended.json (static PowerSGD rank 16: the configuration that
 # reached DeepSpeed dense's loss soonest in docs/BENCHMARKS.md) on synthetic CIFAR-10, micro batch 16 per rank
 # instead of the config's 32 (ResNet101 fwd+bwd at 16 is ~0.5 s on one core): about 3-4 minutes including
-# start-up. With the default CONFIG and another MODEL, ds_configs/<model>_recommended.json is used (VGG16-bn:
-# 80 steps; the LSTM: runners/train_ptb.py, "medium" 650 wide, 60 steps). MODEL=resnet18/tiny_cnn/mlp run
-# runners/train_cifar.py with the ResNet101 config.
+# start-up. With the default CONFIG and another MODEL, ds_configs/<model>_recommended.json is used (VGG16-bn,
+# PowerSGD rank 64: 80 steps; the LSTM: runners/train_ptb.py, "medium" 650 wide, 60 steps).
+# MODEL=resnet18/tiny_cnn/mlp run runners/train_cifar.py with the ResNet101 config.
 # Environment knobs: STEPS, MICRO_BATCH (empty: the config's), NPROC (2), MASTER_PORT (default: a free port),
 # TRAIN_ARGS (extra runner options, e.g. "--system deepspeed --no-wandb").
 set -euo pipefail
