@@ -1,8 +1,9 @@
 """Every file in ds_configs/ builds a real 2-rank engine with ds_gravac.initialize and trains a few steps.
 
-The batch size is overridden and the model is a small MLP (one 38,400-element 600 × 64 weight, so the
-16,384-element compression threshold of the configs is crossed, and even rank 16 pays by PyTorch's rule
-(600 + 64)·16·2 < 600·64: each compressor really runs). One spawn serves all files.
+The batch size is overridden and the model is a small MLP (a 38,400-element 600 × 64 weight and a 360,000-element
+600 × 600 one, so the 16,384-element compression threshold of the configs is crossed, and even the largest shipped
+rank, 64 (VGG16-bn's recommended config), pays by PyTorch's rule on the square one: (600 + 600)·64·2 < 600·600;
+each compressor really runs). One spawn serves all files.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ STEPS = 3    # dense discovery step, then two steps in the configured mode
 
 
 def _model() -> nn.Module:
-    return nn.Sequential(nn.Linear(64, 600), nn.ReLU(), nn.Linear(600, 10))
+    return nn.Sequential(nn.Linear(64, 600), nn.ReLU(), nn.Linear(600, 600), nn.ReLU(), nn.Linear(600, 10))
 
 
 def _train(rank: int, cfg: dict) -> dict:
