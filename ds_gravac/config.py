@@ -189,9 +189,6 @@ def unavailable_settings(config: GravacConfig) -> list[str]:
                          for k in sorted(config.cost_model.model_fields_set))
         out.append(f"{keys}: only used by the cost-model planner, which is not available in this version; remove "
                    f"the cost_model section")
-    if "quantized_exchange" in config.model_fields_set:
-        out.append(f"quantized_exchange '{config.quantized_exchange}': not available in this version (no quantizing "
-                   f"compressor exists yet; the key takes effect with the quantization family); remove it")
     if not config.telemetry.timing:
         out.append("telemetry.timing false: not available in this version (timing cannot be switched off: GraVAC's "
                    "controller and the step records need it); remove the key")

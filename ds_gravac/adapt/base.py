@@ -77,7 +77,7 @@ class ControllerContext:
     level_kind: str
     compressible: tuple[str, ...] = ()            # compressible tensor names in plan order
     rank: int = 0
-    default_level: Optional[float] = None         # rank-levelled compressors: their configured rank (static)
+    default_level: Optional[float] = None         # static: a low-rank rank, or a quantizer's default CF
 
 
 EVENTS_KEPT = 256     # controller events kept for pop_events(); older ones are dropped (bounded memory)

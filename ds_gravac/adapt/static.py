@@ -28,8 +28,8 @@ class StaticController(Controller):
 
     def bind(self, ctx: Any) -> None:
         super().bind(ctx)
-        if ctx.level_kind == "rank" and ctx.default_level is not None:
-            self.level = float(ctx.default_level)      # low-rank: the compressor's rank, not "cf"
+        if ctx.default_level is not None:
+            self.level = float(ctx.default_level)      # low-rank: the rank; quantizers without "cf": their own CF
         realized = ctx.realize_cf(self.level)
         if realized != self.level:
             self.log_event(0, "cf_snapped", requested=self.level, realized=realized)

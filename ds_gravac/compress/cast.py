@@ -52,6 +52,7 @@ class HalfCast(Compressor):
     """``y = cast(x/N)``; subclasses set :attr:`dtype`."""
 
     kind = Kind.SUMMABLE
+    exchange = "half_allreduce"     # summed in the half dtype itself (ds_gravac.sync.exchange.allreduce)
     Params = CastParams
     multilevel = "none"
     gain_kind = "none"

@@ -52,6 +52,7 @@ class Quantizer(Compressor):
 
     kind = Kind.QUANTIZED
     server_reencode = True
+    exchange = "casync_ps"        # ds_gravac.sync.exchange: all-to-all, owner merge and re-encode, all-gather
     multilevel = "none"
     level_kind = "cf"
     gain_kind = "none"

@@ -24,6 +24,15 @@ BUILTINS = {
     "graddrop": "ds_gravac.compress.graddrop:GradDrop",
     "powersgd": "ds_gravac.compress.powersgd:PowerSGD",
     "acpsgd": "ds_gravac.compress.acpsgd:ACPSGD",
+    "fp16": "ds_gravac.compress.fp16:FP16",
+    "bf16": "ds_gravac.compress.bf16:BF16",
+    "onebit": "ds_gravac.compress.onebit:OneBit",
+    "signsgd": "ds_gravac.compress.signsgd:SignSGD",
+    "efsignsgd": "ds_gravac.compress.efsignsgd:EFSignSGD",
+    "terngrad": "ds_gravac.compress.terngrad:TernGrad",
+    "ternary": "ds_gravac.compress.ternary:Ternary",
+    "qsgd": "ds_gravac.compress.qsgd:QSGD",
+    "tbq": "ds_gravac.compress.tbq:TBQ",
 }
 _REGISTRY: dict[str, type[Compressor]] = {}
 _builtins_loaded = False

@@ -47,7 +47,8 @@ def handle_state(handle: Any) -> dict[str, Any]:
                   "config": handle.config.normalized(), "compressor": comp_state.get("replicated", {}),
                   "compressor_type": handle.config.compressor.type, "world_size": sync.world_size}
     local = {"format": FORMAT, "version": _version(), "rank": sync.rank, "world_size": sync.world_size,
-             "memory": sync_state["memory"], "compressor_state": comp_state.get("local", {}),
+             "memory": sync_state["memory"], "server_residuals": sync_state["server_residuals"],
+             "compressor_state": comp_state.get("local", {}),
              "compressor_type": handle.config.compressor.type, "global_steps": int(handle.engine.global_steps)}
     return {"replicated": replicated, "local": local}
 
@@ -110,8 +111,8 @@ def load_handle_state(handle: Any, state: Mapping[str, Any]) -> None:
     handle.compressor.load_state_dict({"replicated": rep.get("compressor", {}),
                                        "local": local.get("compressor_state", {}) if usable else {}},
                                       world_size_changed=not usable)
-    sync.load_state_dict({"bucket_order": rep.get("bucket_order"), "memory": local.get("memory")},
-                         memory=usable)
+    sync.load_state_dict({"bucket_order": rep.get("bucket_order"), "memory": local.get("memory"),
+                          "server_residuals": local.get("server_residuals")}, memory=usable)
 
 
 def save_checkpoint(handle: Any, save_dir: str, tag: Optional[str], client_state: Optional[dict],

@@ -53,9 +53,7 @@ def build_compressor(config: GravacConfig) -> Compressor:
         raise GravacConfigError(f"ds_gravac: invalid parameters for compressor '{config.compressor.type}': "
                                 f"{exc}") from None
     comp = cls(params)
-    if comp.kind == Kind.QUANTIZED:
-        raise GravacUnsupportedError(f"ds_gravac: compressor '{config.compressor.type}' needs the CaSync-PS "
-                                     f"exchange, which this version does not provide yet")
+    refuse_unwired_quantizer(config, comp)
     if comp.level_kind == "rank":
         if config.mode == "static" and "cf" in config.model_fields_set:
             raise GravacConfigError(f"ds_gravac: key \"cf\" ({config.cf:g}) does not apply to the low-rank "
@@ -64,6 +62,37 @@ def build_compressor(config: GravacConfig) -> Compressor:
                                     f"\"params\": {{\"rank\": 4}}}}")
         comp.bind_levels(*rank_level_bound(config, comp))
     return comp
+
+
+# Registered codecs the exchanges cannot carry yet, with what is missing.
+UNWIRED = {
+    "efsignsgd": "it sends updates (learning rate times gradient), and this version does not yet divide the "
+                 "aggregate by the learning rate before the optimizer step",
+}
+
+
+def refuse_unwired_quantizer(config: GravacConfig, comp: Compressor) -> None:
+    """Quantizers and half casts run in modes 'static' (and 'dense'); name what is missing for the rest instead
+    of failing later."""
+    reason = UNWIRED.get(comp.name) if type(comp).__module__.startswith("ds_gravac.compress.") else None
+    if reason is not None:
+        raise GravacUnsupportedError(f"ds_gravac: compressor '{config.compressor.type}' is not available in this "
+                                     f"version: {reason} (key \"compressor\")")
+    if (comp.kind == Kind.QUANTIZED or comp.exchange == "half_allreduce") and config.mode in ("gravac", "accordion"):
+        raise GravacUnsupportedError(f"ds_gravac: mode '{config.mode}' with the compressor "
+                                     f"'{config.compressor.type}' is not available in this version (the controller "
+                                     f"does not drive its fixed grid of levels yet); use \"mode\": \"static\" "
+                                     f"(key \"mode\")")
+
+
+def static_default_level(config: GravacConfig, comp: Compressor) -> Optional[float]:
+    """The level static mode uses when the config does not choose one: a low-rank compressor's rank, a
+    quantizer's own CF (``default_cf``: e.g. TernGrad's bit width) when no ``cf`` key is set."""
+    if comp.level_kind == "rank":
+        return float(getattr(comp.params, "rank", 0))
+    if comp.kind == Kind.QUANTIZED and "cf" not in config.model_fields_set:
+        return float(comp.default_cf())
+    return None
 
 
 def rank_level_bound(config: GravacConfig, comp: Compressor) -> tuple[str, float]:
@@ -124,7 +153,7 @@ class GravacHandle:
                                                    * eng.gradient_accumulation_steps()),
             realize_cf=comp.realize_cf, cf_grid=comp.cf_grid(), multilevel=comp.multilevel,
             gain_kind=comp.gain_kind, level_kind=comp.level_kind, compressible=compressible, rank=rank,
-            default_level=float(getattr(comp.params, "rank", 0)) if comp.level_kind == "rank" else None))
+            default_level=static_default_level(cfg, comp)))
         eng.enable_backward_allreduce = False
         self.active = True
         logger.info("ds_gravac: attached (mode=%s, compressor=%s, %d buckets provisional, %d/%d tensors "
@@ -169,7 +198,7 @@ class GravacHandle:
     def detach(self) -> None:
         """Wait for in-flight work, remove hooks, give gradient averaging back to DeepSpeed."""
         if self.active and self.sync is not None:
-            nonzero = self.sync.memory.nonzero()
+            nonzero = self.sync.memory.nonzero() or self.sync.server.nonzero()
             self.sync.close()
             if nonzero:
                 logger.warning("ds_gravac: detach drops non-zero error-feedback residuals")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 
@@ -42,6 +42,12 @@ class EncodeStats:
     nums: list[float]
     compress_s: float = 0.0
     probe_s: float = 0.0
+
+    def add_sent_norm(self, level: float, norm: float, probes: Sequence[Any], live: Sequence[bool]) -> None:
+        """Add ``‖D(p)‖²`` of a payload at ``level`` to every live statistics slot that probes that level."""
+        for slot, (p, ok) in enumerate(zip(probes, live)):
+            if ok and float(p) == level:
+                self.nums[slot] += norm
 
 
 class BucketCodec:
@@ -170,10 +176,7 @@ class BucketCodec:
                 if lvl == base:
                     p_base = target
                 if lvl in measured:
-                    norm = float(self.comp.sent_sq_norm(target, ctx))
-                    for slot, (p, ok) in enumerate(zip(probes, live)):
-                        if ok and float(p) == lvl:
-                            st.nums[slot] += norm
+                    st.add_sent_norm(lvl, float(self.comp.sent_sq_norm(target, ctx)), probes, live)
                 dt = time.perf_counter() - t0
                 st.compress_s += dt
                 if lvl not in direct:

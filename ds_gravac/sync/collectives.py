@@ -140,20 +140,27 @@ def _tracked(group: Any, *tensors: torch.Tensor) -> dict[str, Any]:
     return {"tensors": tensors, "counts": [t._use_count() for t in tensors]}
 
 
+def _launch(what: str, fn: Any, group: Any, nbytes: int, buffers: tuple[torch.Tensor, ...], *args: Any) -> Work:
+    """Issue ``fn(*args, group=group, async_op=True)``; ``buffers`` are the tensors the collective holds."""
+    t0 = time.perf_counter()
+    tracked = _tracked(group, *buffers)
+    return Work(_issue(what, fn, *args, group=group, async_op=True), t0, nbytes, what, **tracked)
+
+
 def all_reduce_async(t: torch.Tensor, group: Any, what: str = "all_reduce") -> Work:
     _nonempty(t, "all_reduce")
-    t0 = time.perf_counter()
-    tracked = _tracked(group, t)
-    return Work(_issue(what, dist.all_reduce, t, group=group, async_op=True), t0, t.numel() * t.element_size(),
-                what, **tracked)
+    return _launch(what, dist.all_reduce, group, t.numel() * t.element_size(), (t,), t)
 
 
 def all_gather_async(out: torch.Tensor, t: torch.Tensor, group: Any, what: str = "all_gather") -> Work:
     _nonempty(t, "all_gather")
-    t0 = time.perf_counter()
-    tracked = _tracked(group, out, t)
-    return Work(_issue(what, dist.all_gather_into_tensor, out, t, group=group, async_op=True), t0,
-                t.numel() * t.element_size(), what, **tracked)
+    return _launch(what, dist.all_gather_into_tensor, group, t.numel() * t.element_size(), (out, t), out, t)
+
+
+def all_to_all_async(out: torch.Tensor, t: torch.Tensor, group: Any, what: str = "all_to_all") -> Work:
+    """Equal splits only: row w of ``t`` goes to rank w, row w of ``out`` comes from rank w (both flat, N·rows)."""
+    _nonempty(t, "all_to_all")
+    return _launch(what, dist.all_to_all_single, group, t.numel() * t.element_size(), (out, t), out, t)
 
 
 def broadcast(t: torch.Tensor, src: int, group: Any, what: str = "broadcast") -> None:

@@ -91,14 +91,16 @@ class BucketMemory:
                 squares.append(torch.dot(x, x))
         return xs
 
-    def commit_compressed(self, compressor: Compressor, payloads: Sequence[Payload],
+    def commit_compressed(self, compressor: Compressor, payloads: Optional[Sequence[Payload]],
                           ctxs: Sequence[CompressCtx]) -> None:
         """The step was agreed finite and sent compressed: the scratch (already turned into the memory left
-        behind by ``compressor.commit``) becomes the ``input_slot``; the other slots follow the compressor."""
+        behind by ``compressor.commit``) becomes the ``input_slot``; the other slots follow the compressor.
+        ``payloads`` None: the payloads belong to bucket partitions, not members (quantizers, whose only memory
+        is the input slot), so there is no per-member ``commit_memory``."""
         if self.input_slot is None:
             return
         self.slots[self.input_slot], self.scratch = self.scratch, self.slots[self.input_slot]
-        if compressor.owns_state:
+        if compressor.owns_state and payloads is not None:
             for i, m in enumerate(self.members):
                 ctxs[i].memory = self.member_memory(i)
                 compressor.commit_memory(flat_fp32(m.param.grad, self.dtype), payloads[i], ctxs[i])

@@ -3,16 +3,18 @@ compression contexts, and one typed action per bucket — from agreed values onl
 frozen bucket plan), so every rank plans the same collectives."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
-from ..compress.base import CompressCtx, Compressor
+from ..compress.base import CompressCtx, Compressor, Kind
 from ..config import GravacConfig
 from .buckets import BucketPlan, Member
 from .codec import BucketCodec
 from .memory import ErrorFeedbackMemory
+from .partition_codec import PartitionCodec
 from .reduce_rule import ReduceRule
+from .server_memory import ServerResiduals
 from .step_plan import DEFERRED, DENSE, BucketAction, StepPlan, compress
 
 if TYPE_CHECKING:
@@ -23,8 +25,10 @@ class Planner:
     """Bucket plan, codecs and per-step actions of one engine."""
 
     def __init__(self, engine: Any, config: GravacConfig, compressor: Compressor, members: list[Member],
-                 memory: ErrorFeedbackMemory, pattern: Any, rule: ReduceRule, rank: int, world_size: int) -> None:
+                 memory: ErrorFeedbackMemory, pattern: Any, rule: ReduceRule, rank: int, world_size: int,
+                 server: Optional[ServerResiduals] = None) -> None:
         self.config, self.comp, self.members, self.memory = config, compressor, members, memory
+        self.server = server if server is not None else ServerResiduals(False, world_size)   # quantizers' owner state
         self.pattern, self.rule, self.rank, self.world_size = pattern, rule, rank, world_size
         self.cap = max(1, int(config.bucket_cap_mb * 2**20 / 4))
         self._group_of = _param_groups(engine)
@@ -35,8 +39,13 @@ class Planner:
                                compressor_type=self.comp.name)
         compressible = [b for b in self.plan.buckets if b.compressible]
         self.ctxs = {b.index: [self._make_ctx(m) for m in b.members] for b in compressible}
-        self.codecs = {b.index: BucketCodec(b, self.comp, self.ctxs[b.index]) for b in compressible}
+        if self.comp.kind == Kind.QUANTIZED:      # quantizers encode bucket partitions, not tensors
+            self.codecs = {b.index: PartitionCodec(b, self.comp, self.ctxs[b.index], self.world_size, self.server)
+                           for b in compressible}
+        else:
+            self.codecs = {b.index: BucketCodec(b, self.comp, self.ctxs[b.index]) for b in compressible}
         self.memory.build(compressible)
+        self.server.build(compressible, self.plan.layout_signature())
         self._fallback_cache: dict[tuple[int, tuple[float, ...], int], bool] = {}
 
     def _make_ctx(self, m: Member) -> CompressCtx:

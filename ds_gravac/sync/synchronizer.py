@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
-from ..compress.base import Compressor, stable_hash
+from ..compress.base import Compressor, Kind, stable_hash
 from ..config import GravacConfig
 from ..errors import GravacError
 from ..telemetry import stats as statvec
@@ -42,6 +42,7 @@ from .memory import ErrorFeedbackMemory, flat_fp32, write_grads
 from .nonfinite import nonfinite_message, resend_raw
 from .planner import Planner
 from .reduce_rule import ReduceRule
+from .server_memory import ServerResiduals
 from .statistics import StepStatistics
 from .step_plan import DENSE, ActionKind, BucketAction, StepPlan
 
@@ -82,11 +83,15 @@ class Synchronizer:
         enabled = config.mode != "dense" and compressor.name != "none"
         self.members: list[Member] = classify(named, compressor.accepts, config.min_compress_numel, enabled)
         self.numel_total = sum(m.numel for m in self.members)
-        self.pattern = payload_exchange(compressor)
+        self.pattern = payload_exchange(compressor, config.quantized_exchange)
         self.memory = ErrorFeedbackMemory(compressor, config.error_feedback)
+        self.partitioned = compressor.kind == Kind.QUANTIZED    # payloads per bucket partition, not per member
+        self.server = ServerResiduals(self.partitioned and self.pattern.rounds > 1
+                                      and bool(getattr(compressor, "server_error_feedback", False))
+                                      and (config.error_feedback or compressor.owns_state), channels.world_size)
         self.check_finite = config.mode != "dense" or config.nonfinite == "raise"
         self.planner = Planner(engine, config, compressor, self.members, self.memory, self.pattern, rule,
-                               self.rank, self.world_size)
+                               self.rank, self.world_size, self.server)
         if bucket_order is not None and len(bucket_order) == len(self.members):
             self.planner.build(bucket_order, frozen=True)
         else:
@@ -127,6 +132,7 @@ class Synchronizer:
         """Decision point of the step (first boundary hook)."""
         t0 = time.perf_counter()
         step = int(self.engine.global_steps)
+        self.server.discard()           # candidates of an unfinished step are never adopted
         if self.plan.frozen and self.controller.broadcast_point(step):
             size = self.controller.proposal_size()
             prop = self.controller.propose(step, self.stats.agreed_lr) if self.rank == 0 \
@@ -289,7 +295,7 @@ class Synchronizer:
         advances only once its previous round has completed and every earlier bucket has advanced; at the end
         of backward the rest follow, waiting where needed."""
         run = self.running
-        for r in range(1, self.comp.rounds):
+        for r in range(1, max(self.comp.rounds, self.pattern.rounds)):
             b = run.next_round_b.get(r, 0)
             while b < len(self.plan.buckets):
                 ex = run.exchanges.get(b)
@@ -325,7 +331,8 @@ class Synchronizer:
                     for m in bucket.members:
                         collect(m.name, flat_fp32(m.param.grad))
                 if run.plan.actions[b].compressed:
-                    mem.commit_compressed(self.comp, run.layouts[b].payloads, ctxs)
+                    mem.commit_compressed(self.comp, None if self.partitioned else run.layouts[b].payloads, ctxs)
+                    self.server.commit(b)
                     out = mem.scratch
                 else:
                     mem.commit_dense(self.comp, ctxs)
@@ -420,9 +427,11 @@ class Synchronizer:
 
     # ---- state and lifecycle ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Per-rank synchronizer state: the frozen bucket order and the error-feedback memory."""
+        """Per-rank synchronizer state: the frozen bucket order, the error-feedback memory and the server
+        residuals of the partitions this rank owns (quantizers)."""
         return {"bucket_order": list(self.plan.order) if self.plan.frozen else None,
-                "layout_signature": self.plan.layout_signature(), "memory": self.memory.state_dict()}
+                "layout_signature": self.plan.layout_signature(), "memory": self.memory.state_dict(),
+                "server_residuals": self.server.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any], memory: bool = True) -> None:
         order = state.get("bucket_order")
@@ -430,8 +439,10 @@ class Synchronizer:
             self.rebuild(order)
         if memory and state.get("memory") is not None:
             self.memory.load_state_dict(state["memory"])
+            self.server.load_state_dict(state.get("server_residuals"))
         else:
             self.memory.reset()
+            self.server.reset()
         self.stats.reset_timing()
 
     def drain(self) -> None:
@@ -439,6 +450,8 @@ class Synchronizer:
 
     def reset_memory(self, names: Optional[set[str]] = None) -> None:
         self.memory.reset(names)
+        if names is None:
+            self.server.reset()
 
     def close(self) -> None:
         self.hooks.remove()

@@ -247,8 +247,6 @@ UNAVAILABLE: list[tuple[dict[str, Any], str, str]] = [      # (section, key and 
     ({"cost_model": {"margin": 0.5}}, "cost_model.margin 0.5", "remove the cost_model section"),
     ({"cost_model": {"calibrate": True, "probe_repeats": 3}}, "cost_model.calibrate true, cost_model.probe_repeats 3",
      "remove the cost_model section"),
-    ({"quantized_exchange": "allgather"}, "quantized_exchange 'allgather'", "remove it"),
-    ({"quantized_exchange": "ps"}, "quantized_exchange 'ps'", "remove it"),
     ({"telemetry": {"timing": False}}, "telemetry.timing false", "remove the key"),
 ]
 
@@ -265,13 +263,12 @@ def test_settings_without_effect_are_refused(section: dict[str, Any], key: str, 
 def test_all_unavailable_settings_are_reported_together() -> None:
     """One attach names every such key, so fixing a config takes one round trip, not five."""
     section: dict[str, Any] = {**VALID_BASE, "selection": "cost_model", "decision_source": "rank0",
-                               "cost_model": {"margin": 0.5}, "quantized_exchange": "ps",
-                               "telemetry": {"timing": False}}
+                               "cost_model": {"margin": 0.5}, "telemetry": {"timing": False}}
     with pytest.raises(GravacUnsupportedError) as info:
         reject_unimplemented(parse_config(section))
-    for key in ("selection", "decision_source", "cost_model.margin", "quantized_exchange", "telemetry.timing"):
+    for key in ("selection", "decision_source", "cost_model.margin", "telemetry.timing"):
         assert key in str(info.value), key
-    assert len(unavailable_settings(parse_config(section))) == 5
+    assert len(unavailable_settings(parse_config(section))) == 4
 
 
 @pytest.mark.parametrize("section, key", [
@@ -289,7 +286,8 @@ def test_edge_cases_name_their_key(section: dict[str, Any], key: str) -> None:
 
 
 @pytest.mark.parametrize("section", [{}, VALID_BASE, {"cost_model": {}}, {"telemetry": {"timing": True}},
-                                     {"quantized_exchange": "auto"}, {"cost_model": {"margin": "auto"}},
+                                     {"quantized_exchange": "auto"}, {"quantized_exchange": "ps"},
+                                     {"quantized_exchange": "allgather"}, {"cost_model": {"margin": "auto"}},
                                      {"selection": "threshold", "decision_source": "allreduce"}])
 def test_defaults_and_effective_settings_pass(section: dict[str, Any]) -> None:
     assert unavailable_settings(parse_config(section)) == []

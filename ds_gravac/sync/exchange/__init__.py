@@ -11,17 +11,22 @@ from typing import Any
 from ...compress.base import Compressor, Kind
 from ...errors import GravacConfigError
 from .allgather import PayloadAllGather
-from .allreduce import DenseAllReduce, PayloadAllReduce
+from .allreduce import DenseAllReduce, HalfAllReduce, PayloadAllReduce
 from .base import Exchange
+from .casync_ps import CaSyncPS
 from .two_round import TwoRoundAllReduce
 
 PATTERNS: dict[str, Any] = {"allreduce": PayloadAllReduce, "allgather": PayloadAllGather,
-                            "two_round": TwoRoundAllReduce}
+                            "two_round": TwoRoundAllReduce, "casync_ps": CaSyncPS, "half_allreduce": HalfAllReduce}
 
 
-def payload_exchange(compressor: Compressor) -> Any:
-    """The pattern class of a compressor's payloads: its ``exchange`` name, else by kind."""
+def payload_exchange(compressor: Compressor, quantized: str = "auto") -> Any:
+    """The pattern class of a compressor's payloads: its ``exchange`` name, else by kind. ``quantized`` is the
+    ``quantized_exchange`` key: ``"allgather"`` makes quantizers gather every rank's whole-bucket payload (no
+    server stage) instead of their parameter-server pattern."""
     name = compressor.exchange or ("allreduce" if compressor.kind == Kind.SUMMABLE else "allgather")
+    if compressor.kind == Kind.QUANTIZED and quantized == "allgather":
+        name = "allgather"
     try:
         return PATTERNS[name]
     except KeyError:
@@ -30,5 +35,5 @@ def payload_exchange(compressor: Compressor) -> Any:
                                 f"{', '.join(sorted(PATTERNS))})") from None
 
 
-__all__ = ["DenseAllReduce", "Exchange", "PATTERNS", "PayloadAllGather", "PayloadAllReduce", "TwoRoundAllReduce",
-           "payload_exchange"]
+__all__ = ["CaSyncPS", "DenseAllReduce", "Exchange", "HalfAllReduce", "PATTERNS", "PayloadAllGather",
+           "PayloadAllReduce", "TwoRoundAllReduce", "payload_exchange"]

@@ -63,3 +63,13 @@ class PayloadAllReduce(Exchange):
     @staticmethod
     def pays(payload_words: int, numel: int, world_size: int, rule: ReduceRule) -> bool:
         return True
+
+
+class HalfAllReduce(PayloadAllReduce):
+    """Summable half-precision payloads (the ``fp16``/``bf16`` casts): the 32-bit word buffer is all-reduced as
+    halves of the compressor's ``dtype``, so the packed values add in their own precision (summing the words as
+    fp32 would add bit patterns). A section's pad half is zero on every rank and stays zero."""
+
+    def launch(self, channels: Sequence[Any]) -> None:
+        halves = self.layout.send.view(self.codec.comp.dtype)
+        self.works[0] = all_reduce_async(halves, channels[0], f"all_reduce ({halves.dtype}) of {self.what}")
