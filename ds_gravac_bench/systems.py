@@ -73,8 +73,24 @@ def system_matrix(steps: int, epsilon: float = 0.7, theta_min: float = 10.0) -> 
         SystemSpec("gv_gravac_dgc_nomask", "gravac", {**gravac, "compressor": dgc_nomask, "min_compress_numel": 0},
                    "GraVAC over DGC with momentum_masking false"),
         *lowrank_systems(gravac, window),
+        *quantizer_systems(),
     ]
     return {s.id: s for s in specs}
+
+
+def quantizer_systems() -> list[SystemSpec]:
+    """The quantizers in static mode at their own CF, over the parameter-server exchange (``_ps``) and, for 1-bit,
+    over all-gather for comparison; the half-precision cast."""
+    def quant(comp: Any, exchange: str = "ps") -> dict[str, Any]:
+        return {"mode": "static", "compressor": comp, "quantized_exchange": exchange, "min_compress_numel": MIN_NUMEL}
+    return [
+        SystemSpec("gv_onebit_ps", "gravac", quant("onebit"), "1-bit (mean |x|, worker + server EF), CaSync-PS"),
+        SystemSpec("gv_onebit_allgather", "gravac", quant("onebit", "allgather"), "1-bit over all-gather"),
+        SystemSpec("gv_terngrad_ps", "gravac", quant("terngrad"), "TernGrad 2-bit min/max, stochastic, CaSync-PS"),
+        SystemSpec("gv_qsgd_ps", "gravac", quant("qsgd"), "QSGD 127 levels (8-bit codes), CaSync-PS"),
+        SystemSpec("gv_fp16", "gravac", {"mode": "static", "compressor": "fp16", "min_compress_numel": MIN_NUMEL},
+                   "fp16 all-reduce (pre-divided)"),
+    ]
 
 
 LOWRANK = ("powersgd", "acpsgd")
