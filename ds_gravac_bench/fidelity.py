@@ -65,7 +65,8 @@ def run(opts: argparse.Namespace) -> Path:
     e2e = argparse.Namespace(model=task.model, rate="loopback", ranks=2, steps=opts.steps or task.steps,
                              systems=opts.systems or ",".join(task.systems), micro_batch=opts.micro_batch
                              or task.micro_batch, lr=None, epsilon=0.7, theta_min=10.0, ablation=None, tag=3,
-                             timeout=opts.timeout, out=opts.out, smoke=False, runner_extra=task.runner_extra)
+                             timeout=opts.timeout, out=opts.out, smoke=False,
+                             runner_extra=(*task.runner_extra, "--seed", str(opts.seed)))
     return run_matrix(e2e)
 
 
@@ -317,6 +318,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     r.add_argument("--systems", default=None, help="comma list of bench_e2e ids and cfg:<file> (default: the task's)")
     r.add_argument("--micro-batch", type=int, default=None)
     r.add_argument("--timeout", type=float, default=7200.0)
+    r.add_argument("--seed", type=int, default=0, help="model initialization and data seed of every system "
+                   "(another seed gives a second sample of every curve: the run-to-run spread)")
     r.add_argument("--out", required=True)
     r.add_argument("--cluster", action="append", type=_cluster_arg, default=[], metavar="RATE=DIR")
     p = sub.add_parser("report", help="rebuild fidelity.md, fidelity.json and plots")

@@ -20,7 +20,9 @@ def test_fidelity_run_on_loopback(tmp_path: Path) -> None:
                "min_compress_numel": 16384}
     cfg.write_text(json.dumps({**{k: v for k, v in json.loads((ROOT / "ds_configs" / "mlp_dense.json").read_text())
                                   .items() if k != "gravac"}, "gravac": section}))
-    main(["run", "--task", "mlp", "--steps", "4", "--systems", f"ds_dense,cfg:{cfg}", "--out", str(out)])
+    main(["run", "--task", "mlp", "--steps", "4", "--systems", f"ds_dense,cfg:{cfg}", "--out", str(out),
+          "--seed", "3"])
+    assert json.loads((out / "meta.json").read_text())["runner_extra"][-2:] == ["--seed", "3"]
     res = json.loads((out / "fidelity.json").read_text())
     rows = {r["id"]: r for r in res["systems"]}
     assert set(rows) == {"ds_dense", "mlp_lowrank"} and res["reference"] == "ds_dense"
