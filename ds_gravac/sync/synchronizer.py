@@ -295,7 +295,7 @@ class Synchronizer:
         advances only once its previous round has completed and every earlier bucket has advanced; at the end
         of backward the rest follow, waiting where needed."""
         run = self.running
-        for r in range(1, max(self.comp.rounds, self.pattern.rounds)):
+        for r in range(1, self.pattern.rounds):
             b = run.next_round_b.get(r, 0)
             while b < len(self.plan.buckets):
                 ex = run.exchanges.get(b)
