@@ -54,7 +54,7 @@ class CostModelConfig(StrictModel):
     probe_bytes: list[int] = Field(default_factory=lambda: [16384, 262144, 2097152])
     probe_repeats: int = Field(3, ge=1, le=20)
     refit_interval: int = Field(200, ge=0)
-    max_chunks: int = Field(8, ge=1, le=64)
+    max_chunks: int = Field(1, ge=1, le=64)       # pipeline chunks per bucket: only 1 in this version
     margin: float = Field(0.9, gt=0, le=1)
 
     @field_validator("probe_bytes")
@@ -113,7 +113,7 @@ class GravacConfig(StrictModel):
     ewma_alpha: Optional[float] = Field(None, gt=0, le=1)
     ewma_alpha_range: list[float] = Field(default_factory=lambda: [0.01, 0.5])
     gain_ewma: Literal["ratio_of_ewmas", "ewma_of_ratio"] = "ratio_of_ewmas"
-    gain_denominator: Literal["ef", "raw"] = "ef"
+    gain_denominator: Literal["ef", "raw", "aggregate"] = "ef"
     decision: Literal["pipelined", "strict"] = "pipelined"
     decision_source: Literal["allreduce", "rank0"] = "allreduce"
     stale_policy: Literal["refresh", "keep"] = "refresh"
@@ -178,17 +178,18 @@ def unavailable_settings(config: GravacConfig) -> list[str]:
 
     They are refused at attach rather than silently ignored: a user who sets them expects them to act."""
     out = []
-    if config.selection == "cost_model":
-        out.append("selection 'cost_model': the cost-model planner is not available in this version; use "
-                   "'threshold' with min_compress_numel")
+    if config.cost_model.max_chunks > 1:
+        out.append(f"cost_model.max_chunks {config.cost_model.max_chunks}: chunked pipelining inside a bucket is "
+                   f"not available in this version (allowed: 1); remove the key")
     if config.decision_source == "rank0":
         out.append("decision_source 'rank0': not available in this version; the default 'allreduce' already gives "
                    "every rank identical decisions")
-    if "cost_model" in config.model_fields_set and config.cost_model.model_fields_set:
+    if config.selection != "cost_model" and "cost_model" in config.model_fields_set \
+            and config.cost_model.model_fields_set:
         keys = ", ".join(f"cost_model.{k} {json.dumps(getattr(config.cost_model, k))}"
                          for k in sorted(config.cost_model.model_fields_set))
-        out.append(f"{keys}: only used by the cost-model planner, which is not available in this version; remove "
-                   f"the cost_model section")
+        out.append(f"{keys}: only used with selection 'cost_model' (selection is '{config.selection}'); set "
+                   f"\"selection\": \"cost_model\" or remove the cost_model section")
     if not config.telemetry.timing:
         out.append("telemetry.timing false: not available in this version (timing cannot be switched off: GraVAC's "
                    "controller and the step records need it); remove the key")

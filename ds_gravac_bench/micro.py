@@ -585,11 +585,8 @@ def levels_for(comp: Compressor, cfs: list[float], ranks: Sequence[int] = LOWRAN
 def bench_compressor(gs: GradSet, set_name: str, label: str, name: str, comp: Compressor, cfg: GravacConfig,
                      args: argparse.Namespace, report: dict[str, Any]) -> None:
     levels = levels_for(comp, args.cfs, args.ranks)
-    if comp.kind == Kind.QUANTIZED or comp.exchange == "half_allreduce":
-        for level in levels:     # they encode bucket partitions; this driver encodes and exchanges per tensor
-            report["results"].append({"set": set_name, "compressor": label, "name": name, "level": level,
-                                      "skipped": "quantizers: not measured by this per-tensor driver yet"})
-        return
+    if mq.handles(comp):      # quantizers (bucket partitions) and half casts: rows per N of their own
+        return mq.bench(gs, set_name, label, name, comp, cfg, args, report)
     ranks = len(gs.rank_grads)
     own = Rank(gs, comp, 0, ranks, cfg)
     if not own.compressible:
@@ -622,7 +619,7 @@ def bench_compressor(gs: GradSet, set_name: str, label: str, name: str, comp: Co
 def bench_set(set_name: str, args: argparse.Namespace, variants: list[tuple[str, str, Compressor]],
               report: dict[str, Any]) -> None:
     shapes = set_shapes(set_name, args.smoke)
-    ranks = max(DECODE_NS)
+    ranks = max(*DECODE_NS, *args.world_sizes)
     if args.source == "real" and not args.smoke:
         rank_grads = [real_grads(set_name, args.seed + r) for r in range(ranks)]
     else:
@@ -674,7 +671,7 @@ def print_table(report: dict[str, Any]) -> None:
               f"{info['t_pass_out']['median'] * ms:.1f} ms (abs into preallocated buffers)")
         print(f"{'compressor':<18}{'level':>7}{'payload MB':>11}{'compress ms':>13}{'passes':>8}{'p/out':>7}"
               f"{'dec2 ms':>9}{'dec4 ms':>9}{'resid ms':>9}{'stage ms':>9}{'norm ms':>9}{'GB/s':>7}")
-        for r in (r for r in report["results"] if r["set"] == set_name):
+        for r in (r for r in report["results"] if r["set"] == set_name and "world_size" not in r):
             if "t_compress" not in r:
                 print(f"{r['compressor']:<18}{r.get('level', 0):>7g}  {r.get('error') or r.get('skipped')}")
                 continue
@@ -685,8 +682,9 @@ def print_table(report: dict[str, Any]) -> None:
                   f"{r['t_residual']['median'] * ms:>9.1f}{r['t_stage']['median'] * ms:>9.1f}"
                   f"{r['t_norm']['median'] * ms:>9.1f}{r['gbps_compress']:>7.2f}")
         print("passes (t / t_pass) per phase: stage, norm, compress, round 2, decode N=2, decode N=4, residual")
-        for r in (r for r in report["results"] if r["set"] == set_name and "passes" in r):
+        for r in (r for r in report["results"] if r["set"] == set_name and "passes" in r and "world_size" not in r):
             print(f"{r['compressor']:<18}{r['level']:>7g}  " + "".join(f"{r['passes'][k]:>7.2f}" for k in PHASES))
+        mq.print_rows(report, set_name)
         for key, label in (("naive_topk", "naive topk"), ("sampled_threshold", "1% sample thr")):
             for r in (r for r in report[key] if r["set"] == set_name):
                 print(f"{label:<18}{r['level']:>7g}{'':>11}{r['t']['median'] * ms:>13.1f}{r['passes']:>8.2f}"
@@ -724,6 +722,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     ap.add_argument("--topk-algorithms", default=",".join(TOPK_ALGORITHMS))
     ap.add_argument("--cfs", default="10,100,1000", help="CFs for CF-continuous compressors")
     ap.add_argument("--ranks", default=",".join(map(str, LOWRANK_RANKS)), help="ranks for low-rank compressors")
+    ap.add_argument("--world-sizes", default=",".join(map(str, DECODE_NS)), help="simulated N for quantizers")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--source", choices=("synthetic", "real"), default="synthetic")
     ap.add_argument("--seed", type=int, default=0)
@@ -739,7 +738,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     if unknown:
         ap.error(f"unknown set(s): {', '.join(sorted(unknown))}")
     args.cfs = [float(c) for c in args.cfs.split(",") if c]
-    args.ranks = [int(r) for r in args.ranks.split(",") if r]
+    args.ranks, args.world_sizes = ([int(r) for r in v.split(",") if r] for v in (args.ranks, args.world_sizes))
     args.compressors = [c for c in args.compressors.split(",") if c] or registered_names()
     args.topk_algorithms = [a for a in args.topk_algorithms.split(",") if a]
     if args.smoke:
@@ -773,6 +772,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
         Path(args.out).write_text(json.dumps(report, indent=1))
     return report
 
+from . import micro_quantizers as mq  # noqa: E402  (it imports this module's helpers, so it comes last)
 
 if __name__ == "__main__":
     main()

@@ -74,6 +74,7 @@ def system_matrix(steps: int, epsilon: float = 0.7, theta_min: float = 10.0) -> 
                    "GraVAC over DGC with momentum_masking false"),
         *lowrank_systems(gravac, window),
         *quantizer_systems(),
+        *costmodel_systems(),
     ]
     return {s.id: s for s in specs}
 
@@ -90,6 +91,21 @@ def quantizer_systems() -> list[SystemSpec]:
         SystemSpec("gv_qsgd_ps", "gravac", quant("qsgd"), "QSGD 127 levels (8-bit codes), CaSync-PS"),
         SystemSpec("gv_fp16", "gravac", {"mode": "static", "compressor": "fp16", "min_compress_numel": MIN_NUMEL},
                    "fp16 all-reduce (pre-divided)"),
+    ]
+
+
+def costmodel_systems() -> list[SystemSpec]:
+    """Threshold against cost-model selection: the same static compressors with ``selection: "cost_model"`` and no
+    size threshold, so the planner alone decides each bucket (and, for 1-bit, its exchange). Their threshold twins
+    are ``gv_topk_100`` and ``gv_onebit_ps``."""
+    cm = {"selection": "cost_model", "min_compress_numel": 0}
+    return [
+        SystemSpec("gv_topk_costmodel", "gravac", {**_static("topk", 100), **cm},
+                   "Top-k 100x, cost-model selection (threshold twin: gv_topk_100)"),
+        SystemSpec("gv_onebit_costmodel", "gravac",
+                   {"mode": "static", "compressor": "onebit", "quantized_exchange": "auto", **cm},
+                   "1-bit, cost-model selection of dense/compressed and CaSync-PS/all-gather per bucket "
+                   "(threshold twin: gv_onebit_ps)"),
     ]
 
 
@@ -198,7 +214,7 @@ def system_config(base: dict[str, Any], spec: SystemSpec) -> dict[str, Any]:
 def ablation_ladder(compressor: str, cf: float) -> dict[str, SystemSpec]:
     """HiPress Fig. 11-style ladder for one static compressor: the compute-only step, DeepSpeed
     dense (the reference of every ratio), ds_gravac dense, then the compressor without overlap and without bulk decode, ``+overlap``,
-    ``+bulk``. A further rung, ``selection: "cost_model"``, is refused by this release (README) and left out."""
+    ``+bulk``, ``+cost_model`` (``selection: "cost_model"`` on top of the full ladder)."""
     comp: Any = {"type": "dgc", "params": {"momentum": 0.9}} if compressor == "dgc" else compressor
     base = _static(comp, cf, 0 if compressor == "dgc" else MIN_NUMEL)
     tag = f"{compressor}_{cf:g}"
@@ -208,7 +224,10 @@ def ablation_ladder(compressor: str, cf: float) -> dict[str, SystemSpec]:
              SystemSpec("gv_dense", "gravac", {"mode": "dense"}, "ds_gravac dense: bucketed, overlapped"),
              *[SystemSpec(f"abl_{tag}_{name}", "gravac", {**base, "overlap": overlap, "bulk": bulk},
                           f"{compressor} {cf:g}x, overlap {overlap}, bulk decode {bulk}")
-               for name, overlap, bulk in rungs]]
+               for name, overlap, bulk in rungs],
+             SystemSpec(f"abl_{tag}_overlap_bulk_costmodel", "gravac",
+                        {**base, "overlap": True, "bulk": True, "selection": "cost_model"},
+                        f"{compressor} {cf:g}x, overlap, bulk decode, cost-model selection")]
     return {s.id: s for s in specs}
 
 

@@ -22,10 +22,10 @@ import torch
 
 from ..errors import GravacConfigError
 from .base import BRANCH_CODES, Controller, ControllerContext, StepDecision
+from .levels import DEFAULT_LEVELS, accordion_levels
 
 LOW, HIGH = 0, 1
 STATE_VERSION = 1
-DEFAULT_LEVELS = {"cf": (1.01, 10.0), "rank": (4.0, 1.0)}    # (low, high) compression
 
 
 class AccordionController(Controller):
@@ -57,23 +57,12 @@ class AccordionController(Controller):
 
     # ---- attach ------------------------------------------------------------------------------------
     def bind(self, ctx: ControllerContext) -> None:
-        """Resolve the two levels for this compressor (CF or rank) and start with every layer low."""
+        """Resolve the two levels for this compressor (CFs, grid CFs of a quantizer, or ranks) and start with
+        every layer low."""
         super().bind(ctx)
-        acc = self.config.accordion
-        kind = ctx.level_kind if ctx.level_kind in DEFAULT_LEVELS else "cf"
-        low_d, high_d = DEFAULT_LEVELS[kind]
-        low = float(acc.low_compression) if acc.low_compression is not None else low_d
-        high = float(acc.high_compression) if acc.high_compression is not None else high_d
-        if kind == "rank":
-            if low != int(low) or high != int(high) or high > low:
-                raise GravacConfigError(f"ds_gravac: accordion levels for a low-rank compressor must be integer "
-                                        f"ranks with high_compression <= low_compression (got {low:g}/{high:g})")
-        else:
-            if high < low:
-                raise GravacConfigError(f"ds_gravac: accordion.high_compression ({high:g}) must compress at least "
-                                        f"as much as accordion.low_compression ({low:g})")
-            low, high = float(ctx.realize_cf(low)), float(ctx.realize_cf(high))
-        self.low, self.high = low, high
+        name = str(getattr(self.config.compressor, "type", "?"))
+        self.low, self.high = accordion_levels(self.config.accordion, name, ctx.level_kind, ctx.cf_grid,
+                                               ctx.realize_cf)
         names = tuple(ctx.compressible)
         if names != self.names or len(self.codes) != len(names):
             self.names, self.codes = names, [LOW] * len(names)

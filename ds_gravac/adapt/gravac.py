@@ -21,9 +21,9 @@ from ..errors import GravacConfigError
 from .base import BRANCH_CODES, MAX_PROBES, AgreedStats, Branch, Controller, ControllerContext, StepDecision
 from .gravac_records import (CandidateSequence, GainRecord, ThroughputRecord, records_to_rows,
                              rows_to_records)
+from .levels import gravac_range
 
 log = logging.getLogger("ds_gravac")
-
 
 
 class Phase(str, enum.Enum):
@@ -102,38 +102,29 @@ class GravacController(Controller):
 
     # ---- attach ------------------------------------------------------------------------------------
     def bind(self, ctx: ControllerContext) -> None:
-        """Check the compressor can drive GraVAC, then seed θ_min/θ_c (kept if a state was loaded first)."""
+        """Check the compressor can drive GraVAC, then seed θ_min/θ_c (kept if a state was loaded first). A
+        quantizer's grid bounds the range: unset theta_min/theta_max span it, set ones snap to it."""
         super().bind(ctx)
-        self._check_compressor(ctx)
         c = self.config
-        self._seq = CandidateSequence(c.theta_min, c.theta_max, c.scaling_policy, c.step_size, ctx.realize_cf)
+        lo, hi = gravac_range(c, _compressor_name(c), ctx.level_kind, ctx.gain_kind, ctx.cf_grid, ctx.realize_cf)
+        self._warn_degenerate(ctx)
+        self._seq = CandidateSequence(lo, hi, c.scaling_policy, c.step_size, ctx.realize_cf)
         if self._initialized:
             return
         self.alpha = default_alpha(c, ctx.world_size)
-        self.theta_min = float(ctx.realize_cf(c.theta_min))
+        self.theta_min = float(ctx.realize_cf(lo))
         nxt = self._seq.after(self.theta_min)
         if nxt is None:
             log.warning("ds_gravac: no realizable candidate CF above theta_min=%g up to theta_max=%g; "
-                        "GraVAC will only choose between %gx and dense", self.theta_min, c.theta_max,
-                        self.theta_min)
+                        "GraVAC will only choose between %gx and dense", self.theta_min, hi, self.theta_min)
             self.j, self.theta_c = 0, self.theta_min
         else:
             self.j, self.theta_c = nxt
         self._initialized = True
 
-    def _check_compressor(self, ctx: ControllerContext) -> None:
-        """Reject compressors whose gain or level cannot drive the ε test / CF search; warn on degenerate ones."""
-        name = _compressor_name(self.config)
-        grid = ctx.cf_grid
-        too_few = grid is not None and len({float(g) for g in grid}) < 2
-        if ctx.level_kind != "cf" or ctx.gain_kind == "none" or too_few:
-            why = (f"it is levelled by {ctx.level_kind!r}" if ctx.level_kind != "cf" else
-                   f"its gain_kind is {ctx.gain_kind!r}" if ctx.gain_kind == "none" else
-                   f"it realizes only the CFs {list(grid or [])}")
-            raise GravacConfigError(
-                "ds_gravac: mode 'gravac' needs a compressor with gain_kind 'projection' and >= 2 realizable CFs; "
-                f"{name!r} is static-only ({why}; use mode 'static' or 'accordion')")
-        c = self.config
+    def _warn_degenerate(self, ctx: ControllerContext) -> None:
+        """Compressors GraVAC can drive but whose ε test is degenerate (R5): say which regime applies."""
+        name, c = _compressor_name(self.config), self.config
         if name == "randomk":
             if _compressor_params(c).get("rescale", False):
                 log.warning("ds_gravac: Random-k with rescale=true has E[gain] = theta >= 1: the epsilon test "
@@ -146,7 +137,8 @@ class GravacController(Controller):
             log.warning("ds_gravac: compressor %r has gain_kind 'unbiased' (E[gain] >= 1): the epsilon test "
                         "never rejects, so only throughput drives the search over its CFs", name)
         if c.epsilon > 1.0 and c.gain_denominator != "raw":
-            log.warning("ds_gravac: epsilon=%g > 1 can never pass with gain_denominator 'ef'", c.epsilon)
+            log.warning("ds_gravac: epsilon=%g > 1 can never pass with gain_denominator %r (gains <= 1)",
+                        c.epsilon, c.gain_denominator)
 
     @property
     def strict(self) -> bool:
@@ -308,17 +300,23 @@ class GravacController(Controller):
         self._observe_timing(stats)
 
     def _observe_gains(self, stats: AgreedStats) -> None:
-        den = stats.den_raw if self.config.gain_denominator == "raw" else stats.den
-        levels = stats.decision.probe_levels
-        nums = list(stats.nums[:len(levels)])
-        if stats.nonfinite > 0 or not _finite(den, *nums):
+        if self.config.gain_denominator == "aggregate":      # the previous step's gain on the averaged gradient
+            agg = stats.aggregate
+            if agg is None:
+                return
+            den, levels, nums, step = agg.den, agg.levels, list(agg.nums), agg.step
+        else:
+            den = stats.den_raw if self.config.gain_denominator == "raw" else stats.den
+            levels, nums, step = stats.decision.probe_levels, list(stats.nums[:len(stats.decision.probe_levels)]), \
+                stats.step
+        if stats.nonfinite > 0 or not _finite(den, *[n for n in nums if n is not None]):
             self.log_event(stats.step, "nonfinite_stats", count=stats.nonfinite)
             return
         raws: dict[float, float] = {}
         for level, num in zip(levels, nums):
-            if level > 1.0:
+            if level > 1.0 and num is not None:       # None: not measurable at that step (aggregate gain)
                 rec = self.gains.setdefault(float(level), GainRecord())
-                raws[float(level)] = rec.update(float(num), float(den), self.alpha, stats.step)
+                raws[float(level)] = rec.update(float(num), float(den), self.alpha, step)
         self.raw_min = 1.0 if self.theta_min <= 1.0 else raws.get(self.theta_min, NAN)
         self.raw_cand = 1.0 if self.theta_c <= 1.0 else raws.get(self.theta_c, NAN)
 

@@ -125,8 +125,12 @@ class ACPSGD(LowRankCompressor):
             return
         n, m, r = self.dims(p.plan)
         side, cols = ("p", n) if p.plan.get("phase") == P_STEP else ("q", m)
+        f = p["f"].view(r, cols)
+        total = float(f.double().square().sum())
+        if total > 0:       # G = scale·F·basis with an orthonormal basis: the scale from ‖G‖² = scale²·‖F‖²
+            self.record_energies(ctx, f, (float(g.double().square().sum()) / total) ** 0.5)
         self.factor(ctx, side, cols, self.width(n, m))
-        self.adopt(ctx, side, p["f"].view(r, cols), r)
+        self.adopt(ctx, side, f, r)
 
     def step_committed(self, compressed: bool) -> None:
         """The parity flips only after a finite step that sent ACP payloads."""

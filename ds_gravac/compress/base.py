@@ -196,6 +196,15 @@ class Compressor:
     gain_kind: ClassVar[str] = "none"
     server_reencode: ClassVar[bool] = False
     owns_optimizer: ClassVar[bool] = False   # DGC: momentum and weight decay move into the compressor
+    # Capabilities the attach-time checks read (never the module a class lives in): ``static_only`` — the level
+    # only bounds the payload and does not steer what is sent (threshold), so GraVAC cannot search it;
+    # ``update_space`` — payloads are parameter updates ``γ·g`` (EF-signSGD), so the synchronizer divides each
+    # tensor's decoded aggregate by its group's current learning rate γ before writing the gradient.
+    static_only: ClassVar[bool] = False
+    update_space: ClassVar[bool] = False
+    # projections that report each component's energy of the applied aggregate (component_energies): GraVAC's
+    # gain_denominator "aggregate" needs them (low-rank compressors)
+    aggregate_gain: ClassVar[bool] = False
     # owns_state only: names of the flat fp32 memory buffers the synchronizer keeps per tensor, and the one that
     # becomes the committed input after a compressed send (DGC: ("u", "v") and "v").
     memory_slots: ClassVar[tuple[str, ...]] = ()
@@ -325,6 +334,11 @@ class Compressor:
         """``owns_state`` only, finite step: after the aggregate ``g`` of the tensor was decoded. ``payloads`` are
         the reduced payloads of every round, or empty when the tensor went dense this step (``g`` is then the
         exact average); ``x`` is the committed ``input_slot`` view after a compressed send."""
+
+    def component_energies(self, ctx: CompressCtx) -> Optional[torch.Tensor]:
+        """``aggregate_gain`` only: after :meth:`commit_aggregate`, the energy of each rank-one component of the
+        tensor's applied aggregate, in order (``None``: sent plain, or nothing measured this step)."""
+        return None
 
     def step_committed(self, compressed: bool) -> None:
         """Once per finite step after every bucket committed; ``compressed``: some bucket sent a payload."""

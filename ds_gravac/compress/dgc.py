@@ -15,6 +15,7 @@ from pydantic import Field
 from ..errors import GravacConfigError
 from . import sparse_select as sel
 from .base import CompressCtx, Payload, TensorPlan
+from .optimizers import find_optimizer, optimizer_chain
 from .sparse import SparseCompressor, SparseParams, trim
 
 Tensor = torch.Tensor
@@ -39,17 +40,6 @@ class DGCParams(SparseParams):
     dense_keeps_momentum: bool = False
 
 
-def _optimizer_chain(engine: Any) -> list[Any]:
-    """The engine's optimizer objects, outermost first (DeepSpeed wraps the basic one under bf16/fp16)."""
-    chain: list[Any] = []
-    for start in (getattr(engine, "basic_optimizer", None), getattr(engine, "optimizer", None)):
-        opt, depth = start, 0
-        while opt is not None and depth < 4 and all(opt is not c for c in chain):
-            chain.append(opt)
-            opt, depth = getattr(opt, "optimizer", None), depth + 1
-    return chain
-
-
 class DGC(SparseCompressor):
     """Momentum-corrected sparsification with a sampled, adapted threshold and fixed capacity."""
 
@@ -67,9 +57,9 @@ class DGC(SparseCompressor):
     # ---- attach-time checks and schedule -----------------------------------------------------------
     def check_engine(self, engine: Any) -> None:
         m = self.params.momentum
-        chain = _optimizer_chain(engine)
-        sgd = next((o for o in chain if isinstance(o, torch.optim.SGD)), None)
+        sgd = find_optimizer(engine, torch.optim.SGD)
         if sgd is None:
+            chain = optimizer_chain(engine)
             found = type(chain[0]).__name__ if chain else "none"
             raise GravacConfigError(f"ds_gravac: compressor 'dgc' needs torch.optim.SGD with momentum={m} (it "
                                     f"applies momentum itself); the engine's optimizer is {found}")

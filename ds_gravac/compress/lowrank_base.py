@@ -58,6 +58,7 @@ class LowRankCompressor(Compressor):
     gain_kind = "projection"
     memory_slots = ("error",)
     input_slot = "error"
+    aggregate_gain = True      # reports the energy of each component of the applied aggregate (component_energies)
     pair_factor = 1.0          # CF of one full exchange is pair_factor·n·m/((n+m)·r) (ACP sends a pair)
 
     def __init__(self, params: Optional[LowRankParams] = None) -> None:
@@ -66,6 +67,7 @@ class LowRankCompressor(Compressor):
         self.factors: dict[str, dict[str, Tensor]] = {}      # replicated: key → {"q": m×W, "p": n×W}
         self._bases: dict[tuple[str, str], Tensor] = {}       # orth of a stored factor, until it changes
         self._tensor_plans: dict[tuple[Any, ...], TensorPlan] = {}
+        self._energies: dict[str, Tensor] = {}                # this step's component energies, per matrix
 
     # ---- levels ----------------------------------------------------------------------------------------
     def bind_levels(self, kind: str, bound: float) -> None:
@@ -200,10 +202,22 @@ class LowRankCompressor(Compressor):
         gm = g.view(n, m)
         if side == "q":
             pht = self.orth_rows(torch.mm(self.basis(ctx, "q", m, w), gm.t()))       # orth(G·Qh)ᵀ
-            self.adopt(ctx, "q", torch.mm(pht, gm), w)                                # (Gᵀ·Ph)ᵀ
+            new = torch.mm(pht, gm)                                                  # (Gᵀ·Ph)ᵀ
         else:
             qht = self.orth_rows(torch.mm(self.basis(ctx, "p", n, w), gm))           # orth(Gᵀ·Ph)ᵀ
-            self.adopt(ctx, "p", torch.mm(qht, gm.t()), w)                            # (G·Qh)ᵀ
+            new = torch.mm(qht, gm.t())                                              # (G·Qh)ᵀ
+        self.adopt(ctx, side, new, w)
+        self.record_energies(ctx, new)     # what each rank would have captured of this exact average
+
+    def record_energies(self, ctx: CompressCtx, rows: Tensor, scale: float = 1.0) -> None:
+        """Remember ``scale²·‖row_k‖²`` per component of this step's aggregate (rows against an orthonormal basis,
+        so the energy of the rank-r approximation is the sum of the first r entries)."""
+        self._energies[ctx.key] = rows.double().square().sum(dim=1).mul_(scale * scale)
+
+    def component_energies(self, ctx: CompressCtx) -> Optional[Tensor]:
+        """This step's per-component energies of the matrix's applied aggregate (popped: read once per step), or
+        ``None`` when it travelled plain or no projection was computed. GraVAC's ``"aggregate"`` gain uses them."""
+        return self._energies.pop(ctx.key, None)
 
     # ---- the error memory --------------------------------------------------------------------------------
     def compensate(self, g: Tensor, out: Tensor, ctx: CompressCtx) -> None:

@@ -117,6 +117,8 @@ class PowerSGD(LowRankCompressor):
         else:
             x.sub_(g)
         qt = self._step_q.pop(ctx.key, None)
+        if qt is not None:
+            self.record_energies(ctx, qt)        # G = Ph·Qᵀ with orthonormal Ph: ‖G‖² = Σ_k ‖q_k‖²
         if qt is not None and self.params.warm_start:
             n, m, r = self.dims(p1.plan)
             self.factor(ctx, "q", m, self.width(n, m))

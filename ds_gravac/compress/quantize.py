@@ -57,9 +57,6 @@ class Quantizer(Compressor):
     level_kind = "cf"
     gain_kind = "none"
     GRID: ClassVar[tuple[float, ...]] = (32.0,)
-    # True (EF-signSGD): payloads live in update space (γ·g); the synchronizer divides the decoded aggregate by
-    # the group's learning rate before writing the gradient, so the optimizer's γ·G applies exactly the sum.
-    update_space: ClassVar[bool] = False
 
     def __init__(self, params: Optional[CompressorParams] = None) -> None:
         super().__init__(params)

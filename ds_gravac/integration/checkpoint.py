@@ -48,6 +48,7 @@ def handle_state(handle: Any) -> dict[str, Any]:
                   "compressor_type": handle.config.compressor.type, "world_size": sync.world_size}
     local = {"format": FORMAT, "version": _version(), "rank": sync.rank, "world_size": sync.world_size,
              "memory": sync_state["memory"], "server_residuals": sync_state["server_residuals"],
+             "aggregate_gain": sync_state["aggregate_gain"],
              "compressor_state": comp_state.get("local", {}),
              "compressor_type": handle.config.compressor.type, "global_steps": int(handle.engine.global_steps)}
     return {"replicated": replicated, "local": local}
@@ -112,7 +113,8 @@ def load_handle_state(handle: Any, state: Mapping[str, Any]) -> None:
                                        "local": local.get("compressor_state", {}) if usable else {}},
                                       world_size_changed=not usable)
     sync.load_state_dict({"bucket_order": rep.get("bucket_order"), "memory": local.get("memory"),
-                          "server_residuals": local.get("server_residuals")}, memory=usable)
+                          "server_residuals": local.get("server_residuals"),
+                          "aggregate_gain": local.get("aggregate_gain")}, memory=usable)
 
 
 def save_checkpoint(handle: Any, save_dir: str, tag: Optional[str], client_state: Optional[dict],

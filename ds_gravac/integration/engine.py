@@ -9,7 +9,7 @@ import torch
 from pydantic import ValidationError
 
 from ..adapt import Controller, ControllerContext, build_controller
-from ..adapt.accordion import DEFAULT_LEVELS
+from ..adapt.levels import DEFAULT_LEVELS, check_mode
 from ..compress.base import Compressor, Kind
 from ..compress.registry import lookup
 from ..config import GravacConfig, parse_config, unavailable_settings
@@ -53,7 +53,6 @@ def build_compressor(config: GravacConfig) -> Compressor:
         raise GravacConfigError(f"ds_gravac: invalid parameters for compressor '{config.compressor.type}': "
                                 f"{exc}") from None
     comp = cls(params)
-    refuse_unwired_quantizer(config, comp)
     if comp.level_kind == "rank":
         if config.mode == "static" and "cf" in config.model_fields_set:
             raise GravacConfigError(f"ds_gravac: key \"cf\" ({config.cf:g}) does not apply to the low-rank "
@@ -61,28 +60,8 @@ def build_compressor(config: GravacConfig) -> Compressor:
                                     f"\"compressor\": {{\"type\": \"{config.compressor.type}\", "
                                     f"\"params\": {{\"rank\": 4}}}}")
         comp.bind_levels(*rank_level_bound(config, comp))
+    check_mode(config, comp)      # the mode can drive this compressor's levels (e.g. a quantizer's grid)
     return comp
-
-
-# Registered codecs the exchanges cannot carry yet, with what is missing.
-UNWIRED = {
-    "efsignsgd": "it sends updates (learning rate times gradient), and this version does not yet divide the "
-                 "aggregate by the learning rate before the optimizer step",
-}
-
-
-def refuse_unwired_quantizer(config: GravacConfig, comp: Compressor) -> None:
-    """Quantizers and half casts run in modes 'static' (and 'dense'); name what is missing for the rest instead
-    of failing later."""
-    reason = UNWIRED.get(comp.name) if type(comp).__module__.startswith("ds_gravac.compress.") else None
-    if reason is not None:
-        raise GravacUnsupportedError(f"ds_gravac: compressor '{config.compressor.type}' is not available in this "
-                                     f"version: {reason} (key \"compressor\")")
-    if (comp.kind == Kind.QUANTIZED or comp.exchange == "half_allreduce") and config.mode in ("gravac", "accordion"):
-        raise GravacUnsupportedError(f"ds_gravac: mode '{config.mode}' with the compressor "
-                                     f"'{config.compressor.type}' is not available in this version (the controller "
-                                     f"does not drive its fixed grid of levels yet); use \"mode\": \"static\" "
-                                     f"(key \"mode\")")
 
 
 def static_default_level(config: GravacConfig, comp: Compressor) -> Optional[float]:
@@ -127,9 +106,6 @@ class GravacHandle:
         import deepspeed.comm as dist
         eng, cfg = self.engine, self.config
         comp = build_compressor(cfg)
-        if cfg.mode == "gravac" and getattr(comp, "static_only", False):
-            raise GravacConfigError(f"ds_gravac: mode 'gravac' needs a compressor whose CF is adjustable; "
-                                    f"'{cfg.compressor.type}' is static-only (use mode 'static')")
         comp.check_engine(eng)
         world, rank = dist.get_world_size(), dist.get_rank()
         agree_config(cfg.normalized(), {"compressor class": f"{type(comp).__module__}.{type(comp).__qualname__}",

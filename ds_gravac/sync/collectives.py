@@ -54,11 +54,14 @@ class Work:
     finish_t: Optional[float] = None
     tensors: Sequence[torch.Tensor] = ()
     counts: Sequence[int] = ()
+    kind: str = ""                   # "all_reduce", "all_gather" or "all_to_all" (data collectives)
+    blocked: Optional[bool] = None   # still running when waited for: then ``finish_t`` is its completion time
 
     def wait(self) -> float:
         """Block until done; returns the seconds spent blocked."""
         t0 = time.perf_counter()
         if self.handle is not None:
+            self.blocked = not bool(self.handle.is_completed())
             try:
                 self.handle.wait()
             except RuntimeError as exc:
@@ -140,27 +143,30 @@ def _tracked(group: Any, *tensors: torch.Tensor) -> dict[str, Any]:
     return {"tensors": tensors, "counts": [t._use_count() for t in tensors]}
 
 
-def _launch(what: str, fn: Any, group: Any, nbytes: int, buffers: tuple[torch.Tensor, ...], *args: Any) -> Work:
-    """Issue ``fn(*args, group=group, async_op=True)``; ``buffers`` are the tensors the collective holds."""
+def _launch(what: str, kind: str, fn: Any, group: Any, t: torch.Tensor, buffers: tuple[torch.Tensor, ...],
+            *args: Any) -> Work:
+    """Issue ``fn(*args, group=group, async_op=True)`` of the per-rank input ``t``; ``buffers`` are the tensors
+    the collective holds."""
     t0 = time.perf_counter()
     tracked = _tracked(group, *buffers)
-    return Work(_issue(what, fn, *args, group=group, async_op=True), t0, nbytes, what, **tracked)
+    return Work(_issue(what, fn, *args, group=group, async_op=True), t0, t.numel() * t.element_size(), what,
+                kind=kind, **tracked)
 
 
 def all_reduce_async(t: torch.Tensor, group: Any, what: str = "all_reduce") -> Work:
     _nonempty(t, "all_reduce")
-    return _launch(what, dist.all_reduce, group, t.numel() * t.element_size(), (t,), t)
+    return _launch(what, "all_reduce", dist.all_reduce, group, t, (t,), t)
 
 
 def all_gather_async(out: torch.Tensor, t: torch.Tensor, group: Any, what: str = "all_gather") -> Work:
     _nonempty(t, "all_gather")
-    return _launch(what, dist.all_gather_into_tensor, group, t.numel() * t.element_size(), (out, t), out, t)
+    return _launch(what, "all_gather", dist.all_gather_into_tensor, group, t, (out, t), out, t)
 
 
 def all_to_all_async(out: torch.Tensor, t: torch.Tensor, group: Any, what: str = "all_to_all") -> Work:
     """Equal splits only: row w of ``t`` goes to rank w, row w of ``out`` comes from rank w (both flat, N·rows)."""
     _nonempty(t, "all_to_all")
-    return _launch(what, dist.all_to_all_single, group, t.numel() * t.element_size(), (out, t), out, t)
+    return _launch(what, "all_to_all", dist.all_to_all_single, group, t, (out, t), out, t)
 
 
 def broadcast(t: torch.Tensor, src: int, group: Any, what: str = "broadcast") -> None:

@@ -36,17 +36,17 @@ class PartitionCodec:
         first = ctxs[0]
         base = f"{bucket.members[0].name}#{self.numel}"      # stable across runs: names, not bucket indexes
         self.part_ctxs = [CompressCtx(key=f"{base}/{j}", rank=first.rank, world_size=world_size, seed=first.seed,
-                                      lr=first.lr, error_feedback=first.error_feedback) for j in range(world_size)]
+                                      error_feedback=first.error_feedback) for j in range(world_size)]
         self._pad = torch.zeros(self.L, dtype=torch.float32, device=self.device)
         self._layouts: dict[float, SendLayout] = {}
         self._used: set[float] = set()
 
     # ---- layouts ------------------------------------------------------------------------------------------
     def _level(self, levels: Sequence[float]) -> float:
-        if len(set(levels)) != 1:
-            raise ValueError(f"ds_gravac: compressor '{self.comp.name}' quantizes whole bucket partitions and "
-                             f"needs one level per bucket, got {sorted(set(levels))}")
-        return float(levels[0])
+        """One level per bucket, since a partition may span several members: the least compression any member
+        asks for (under Accordion, one critical layer keeps its whole bucket at low compression). The levels
+        come from the step plan, so every rank takes the same one."""
+        return float(min(levels))
 
     def plan(self, levels: Sequence[float]) -> TensorPlan:
         return self.comp.plan(self.L, self._level(levels))
@@ -116,29 +116,43 @@ class PartitionCodec:
     def encode(self, xs: Sequence[torch.Tensor], send: Optional[tuple[float, ...]], probes: Sequence[float],
                live: Sequence[bool], extra_sends: Sequence[tuple[float, ...]] = ()) -> tuple[
                    Optional[SendLayout], EncodeStats]:
-        """Encode every partition at the send level and at each live probe level (pure)."""
-        if extra_sends:
-            raise ValueError("ds_gravac: quantizers do not support strict (deferred) decisions")
+        """Encode every partition at the send level, at each live probe level and at each ``extra_sends`` level
+        (strict decisions: the branch is chosen after the statistics exchange). Every level is encoded directly
+        from x — quantizers have no multi-level derivation — straight into that level's send layout, so the
+        level finally sent is never encoded twice. Pure."""
         st = EncodeStats(nums=[0.0] * len(probes))
         self._sync_step()
         flat = self._flat(xs)
-        width = len(self.bucket.members)
         lay = self.layout(send) if send is not None else None
         measured = [float(p) for p, ok in zip(probes, live) if ok]
-        levels = list(dict.fromkeys(([self._level(send)] if send is not None else []) + measured))
+        sent = [self._level(send)] if send is not None else []
+        direct = sent + [self._level(t) for t in extra_sends]      # encoded for sending, not only to measure
+        levels = list(dict.fromkeys(sent + measured + direct))
         for lvl in levels:
             t0 = time.perf_counter()
-            target = lay if lay is not None and lvl == self._level(send) else self.layout((lvl,) * width)
+            target = lay if lay is not None and lvl == sent[0] else self.layout((lvl,))
             for j, (p, ctx) in enumerate(zip(target.payloads, self.part_ctxs)):
                 self.comp.compress(self._part(flat, j), p.plan, p, ctx, update_state=False)
             if lvl in measured:
-                norm = sum(float(self.comp.sent_sq_norm(p, ctx)) for p, ctx in zip(target.payloads, self.part_ctxs))
-                st.add_sent_norm(lvl, norm, probes, live)
+                st.add_sent_norm(lvl, self._sent_norm(target), probes, live)
             dt = time.perf_counter() - t0
             st.compress_s += dt
-            if target is not lay:
+            if lvl not in direct:
                 st.probe_s += dt
         return lay, st
+
+    def _sent_norm(self, lay: SendLayout) -> float:
+        """``‖D(p)‖²`` over the bucket's real elements (the gain numerator): the padded tail of the last real
+        partition decodes to something too (a sign scale, a min/max level), which is never applied."""
+        total = 0.0
+        for j, (p, ctx) in enumerate(zip(lay.payloads, self.part_ctxs)):
+            c = self._real(j)
+            if c == self.L:
+                total += float(self.comp.sent_sq_norm(p, ctx))
+            elif c:     # the scratch is free here: every partition of this level is encoded already
+                self.comp.decompress(p, self._pad, accumulate=False, scale=1.0, ctx=ctx)
+                total += float(self._pad[:c].double().square().sum())
+        return total
 
     def leave_memory(self, xs: Sequence[torch.Tensor], lay: SendLayout) -> None:
         """Worker error feedback per partition: the staged input becomes ``x − D(p_j)`` in place (scratch only)."""

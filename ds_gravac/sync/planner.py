@@ -3,19 +3,23 @@ compression contexts, and one typed action per bucket — from agreed values onl
 frozen bucket plan), so every rank plans the same collectives."""
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
 from ..compress.base import CompressCtx, Compressor, Kind
+from ..compress.optimizers import live_param_groups
 from ..config import GravacConfig
 from .buckets import BucketPlan, Member
 from .codec import BucketCodec
+from .exchange import PATTERNS
 from .memory import ErrorFeedbackMemory
 from .partition_codec import PartitionCodec
 from .reduce_rule import ReduceRule
+from .selection import Choice, Selector, ThresholdSelector
 from .server_memory import ServerResiduals
-from .step_plan import DEFERRED, DENSE, BucketAction, StepPlan, compress
+from .step_plan import DEFERRED, DENSE, ActionKind, BucketAction, StepPlan, compress
 
 if TYPE_CHECKING:
     from ..adapt.base import StepDecision
@@ -26,10 +30,14 @@ class Planner:
 
     def __init__(self, engine: Any, config: GravacConfig, compressor: Compressor, members: list[Member],
                  memory: ErrorFeedbackMemory, pattern: Any, rule: ReduceRule, rank: int, world_size: int,
-                 server: Optional[ServerResiduals] = None) -> None:
+                 server: Optional[ServerResiduals] = None, selector: Optional[Selector] = None) -> None:
         self.config, self.comp, self.members, self.memory = config, compressor, members, memory
         self.server = server if server is not None else ServerResiduals(False, world_size)   # quantizers' owner state
         self.pattern, self.rule, self.rank, self.world_size = pattern, rule, rank, world_size
+        self.selector = selector if selector is not None else ThresholdSelector(config, pattern, rule, world_size)
+        # every pattern a bucket may use: later rounds are issued up to the largest round count
+        candidates = getattr(self.selector, "candidates", ())
+        self.max_rounds = max([pattern.rounds] + [PATTERNS[n].rounds for n in candidates])
         self.cap = max(1, int(config.bucket_cap_mb * 2**20 / 4))
         self._group_of = _param_groups(engine)
 
@@ -46,7 +54,7 @@ class Planner:
             self.codecs = {b.index: BucketCodec(b, self.comp, self.ctxs[b.index]) for b in compressible}
         self.memory.build(compressible)
         self.server.build(compressible, self.plan.layout_signature())
-        self._fallback_cache: dict[tuple[int, tuple[float, ...], int], bool] = {}
+        self._choices: dict[tuple[int, tuple[float, ...], int, int], Choice] = {}
 
     def _make_ctx(self, m: Member) -> CompressCtx:
         group = self._group_of.get(id(m.param), {})
@@ -60,17 +68,24 @@ class Planner:
     def level(self, level: float, step: int) -> float:
         return float(self.comp.effective_cf(self.comp.realize_cf(level), step))
 
-    def dense_at(self, b: int, levels: tuple[float, ...]) -> bool:
-        """Whether bucket b goes dense at these levels because its pattern would move more bytes than dense."""
-        key = (b, levels, self.comp.phase)
-        hit = self._fallback_cache.get(key)
+    def choice(self, b: int, levels: tuple[float, ...]) -> Choice:
+        """The selector's answer for bucket b at these levels, cached per (levels, phase, selector version)."""
+        key = (b, levels, self.comp.phase, self.selector.version)
+        hit = self._choices.get(key)
         if hit is None:
-            codec = self.codecs[b]
-            words = sum(p.words for p in codec.plans(levels))
-            hit = self.config.sparse_fallback and not self.pattern.pays(words, codec.bucket.numel,
-                                                                        self.world_size, self.rule)
-            self._fallback_cache[key] = hit
+            if self._choices and next(iter(self._choices))[3] != key[3]:
+                self._choices.clear()                  # new fits: every earlier answer is stale
+            hit = self._choices[key] = self.selector.choose(self.codecs[b], levels)
         return hit
+
+    def dense_at(self, b: int, levels: tuple[float, ...]) -> bool:
+        """Whether bucket b goes dense at these levels (its pattern would move more bytes than dense, or the
+        cost model predicts no gain)."""
+        return self.choice(b, levels).dense
+
+    def pattern_of(self, action: BucketAction) -> Any:
+        """The exchange pattern class of a compressed bucket's action."""
+        return PATTERNS[action.exchange] if action.exchange else self.pattern
 
     def action(self, b: int, decision: "StepDecision", step: int) -> BucketAction:
         bucket = self.plan.buckets[b]
@@ -78,7 +93,11 @@ class Planner:
             return DENSE
         levels = tuple(self.comp.member_level(ctx, self.level(decision.level_for(m.name), step))
                        for m, ctx in zip(bucket.members, self.ctxs[b]))
-        return DENSE if self.dense_at(b, levels) else compress(levels)
+        c = self.choice(b, levels)
+        predicted = (c.pred_dense_s, c.pred_compressed_s) if math.isfinite(c.pred_dense_s) else None
+        if c.dense:
+            return DENSE if predicted is None else BucketAction(ActionKind.DENSE, predicted=predicted)
+        return compress(levels, c.exchange, predicted)
 
     def step_plan(self, step: int, decision: "StepDecision") -> StepPlan:
         probes = tuple(float(self.comp.realize_cf(p)) for p in decision.probe_levels)
@@ -106,11 +125,7 @@ class Planner:
 
 
 def _param_groups(engine: Any) -> dict[int, dict[str, Any]]:
-    """Snapshot of each parameter's group hyper-parameters at attach (before DGC zeroes momentum/wd)."""
-    groups: dict[int, dict[str, Any]] = {}
-    opt = getattr(engine, "basic_optimizer", None) or getattr(engine, "optimizer", None)
-    for g in getattr(opt, "param_groups", []) or []:
-        snap = {k: g[k] for k in ("lr", "weight_decay", "momentum") if k in g}
-        for p in g["params"]:
-            groups[id(p)] = snap
-    return groups
+    """Snapshot of each parameter's group hyper-parameters at attach (before DGC zeroes momentum/wd); found
+    through DeepSpeed's bf16/fp16 wrappers, whose groups hold master copies instead of the module's parameters."""
+    return {pid: {k: g[k] for k in ("lr", "weight_decay", "momentum") if k in g}
+            for pid, g in live_param_groups(engine).items()}

@@ -16,6 +16,7 @@ import torch
 
 from ..telemetry import stats as statvec
 from ..telemetry.stats import AgreedStats, StepStats
+from .aggregate_gain import AggregateGain
 from .collectives import Work, all_gather_async
 from .step_plan import StepPlan
 
@@ -26,8 +27,11 @@ class StepStatistics:
     """One engine's statistics exchange, records and timing (see the module docstring)."""
 
     def __init__(self, engine: Any, world_size: int, control: Any,
-                 on_record: Optional[Callable[[dict[str, Any]], None]] = None) -> None:
+                 on_record: Optional[Callable[[dict[str, Any]], None]] = None,
+                 aggregate: Optional[AggregateGain] = None) -> None:
         self.engine, self.world_size, self.control, self.on_record = engine, world_size, control, on_record
+        self.aggregate = aggregate       # its tail (the previous step's aggregate gain) rides on every vector
+        self.length = statvec.LENGTH + (aggregate.width if aggregate is not None else 0)
         self.records: collections.deque[dict[str, Any]] = collections.deque(maxlen=RECORDS_KEPT)
         self.last_record: dict[str, Any] = {}
         self.agreed_lr = math.nan        # rank 0's learning rate of the last finite step (NaN before any)
@@ -41,7 +45,9 @@ class StepStatistics:
                 "nonfinite_first": stats.nonfinite_first, "lr": _current_lr(self.engine),
                 "t_iter_prev": self.t_iter_last, "t_gain_prev": self._t_gain_last, **self._timings_prev}
         vec = statvec.pack(vals, stats.nums)
-        rows = torch.zeros(self.world_size * statvec.LENGTH, dtype=torch.float64)
+        if self.aggregate is not None:
+            vec = torch.cat([vec, self.aggregate.tail()])
+        rows = torch.zeros(self.world_size * self.length, dtype=torch.float64)
         work = all_gather_async(rows, vec, self.control, "all_gather of the step statistics")
         if not async_op:
             work.wait()
@@ -49,7 +55,8 @@ class StepStatistics:
 
     def agree(self, rows: torch.Tensor, plan: StepPlan) -> AgreedStats:
         """Rank-order sums (identical on every rank) of the gathered vectors."""
-        red = statvec.reduce_rows(rows.view(self.world_size, statvec.LENGTH), len(plan.probes))
+        table = rows.view(self.world_size, self.length)
+        red = statvec.reduce_rows(table[:, :statvec.LENGTH], len(plan.probes))
         s, n = red.sums, self.world_size
         if self.records and self.records[-1]["step"] == self._prev_step:
             self.records[-1].update({f"{k}_max": v for k, v in red.maxima.items()})
@@ -57,7 +64,9 @@ class StepStatistics:
         agreed = AgreedStats(step=plan.step, decision=plan.decision, den=s["den"], den_raw=s["den_raw"],
                              nums=red.nums, t_iter_prev=s["t_iter_prev"] / n, t_gain_prev=s["t_gain_prev"] / n,
                              values_sent=s["values_sent"], bytes_sent=s["bytes_sent"], nonfinite=s["nonfinite"],
-                             world_size=n, lr=lr, nonfinite_first=tuple(red.per_rank["nonfinite_first"]))
+                             world_size=n, lr=lr, nonfinite_first=tuple(red.per_rank["nonfinite_first"]),
+                             aggregate=None if self.aggregate is None
+                             else self.aggregate.agreed(table[:, statvec.LENGTH:].tolist()))
         if agreed.nonfinite == 0 and math.isfinite(lr):
             self.agreed_lr = lr
         return agreed

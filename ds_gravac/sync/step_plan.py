@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Optional
 
 from ..compress.base import stable_hash
 
@@ -24,6 +24,9 @@ class ActionKind(enum.Enum):
 class BucketAction:
     kind: ActionKind
     levels: tuple[float, ...] = ()      # per member, only for COMPRESS
+    exchange: str = ""                  # pattern name chosen by the planner; "" = the compressor's own
+    # the cost model's predicted (dense, compressed) seconds: telemetry only, never compared or hashed
+    predicted: Optional[tuple[float, float]] = field(default=None, compare=False)
 
     @property
     def compressed(self) -> bool:
@@ -34,8 +37,9 @@ DENSE = BucketAction(ActionKind.DENSE)
 DEFERRED = BucketAction(ActionKind.DEFERRED)
 
 
-def compress(levels: tuple[float, ...]) -> BucketAction:
-    return BucketAction(ActionKind.COMPRESS, tuple(float(v) for v in levels))
+def compress(levels: tuple[float, ...], exchange: str = "",
+             predicted: Optional[tuple[float, float]] = None) -> BucketAction:
+    return BucketAction(ActionKind.COMPRESS, tuple(float(v) for v in levels), exchange, predicted)
 
 
 @dataclass(frozen=True)
@@ -51,7 +55,7 @@ class StepPlan:
     def digest(self) -> int:
         """63-bit hash of everything that selects a collective this step (for ``debug.check_plans``)."""
         parts = [str(self.step), str(self.decision.branch), repr(self.probes), str(self.phase)]
-        parts += [f"{a.kind.value}:{a.levels!r}" for a in self.actions]
+        parts += [f"{a.kind.value}:{a.levels!r}" + (f"@{a.exchange}" if a.exchange else "") for a in self.actions]
         return stable_hash("|".join(parts))
 
     def with_actions(self, decision: "StepDecision", actions: tuple[BucketAction, ...]) -> "StepPlan":

@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
@@ -31,10 +30,11 @@ from ..compress.base import Compressor, Kind, stable_hash
 from ..config import GravacConfig
 from ..errors import GravacError
 from ..telemetry import stats as statvec
-from ..telemetry.stats import AgreedStats, StepStats
+from ..telemetry.stats import AgreedStats
 from .buckets import BucketPlan, Member, classify
 from .codec import BucketCodec, SendLayout
 from .collectives import Channels, broadcast, check_agreement, ring_allreduce_bytes
+from .aggregate_gain import AggregateGain, check_aggregate_gain
 from .exchange import DenseAllReduce, Exchange, payload_exchange
 from .hooks import HookManager
 from .host_memory import release_freed_host_memory
@@ -42,32 +42,17 @@ from .memory import ErrorFeedbackMemory, flat_fp32, write_grads
 from .nonfinite import nonfinite_message, resend_raw
 from .planner import Planner
 from .reduce_rule import ReduceRule
+from .running_step import RunningStep
+from .selection import make_selector
 from .server_memory import ServerResiduals
 from .statistics import StepStatistics
 from .step_plan import DENSE, ActionKind, BucketAction, StepPlan
+from .update_space import UpdateSpace
 
 if TYPE_CHECKING:      # the synchronizer only carries decisions out; it never imports the controllers
     from ..adapt.base import Controller, StepDecision
 
 logger = logging.getLogger("ds_gravac")
-
-
-@dataclass
-class RunningStep:
-    """Everything about the step in flight; created at the decision point, dropped at the end of backward."""
-
-    plan: StepPlan
-    pending: list[int]                                   # members not yet ready, per bucket
-    next_b: int = 0                                      # first bucket not launched yet
-    next_round_b: dict[int, int] = field(default_factory=dict)   # round r ≥ 1 → first bucket not advanced yet
-    round_wait_s: float = 0.0                            # blocked on a round before issuing the next one
-    stats: StepStats = field(default_factory=StepStats)
-    exchanges: dict[int, Exchange] = field(default_factory=dict)
-    layouts: dict[int, SendLayout] = field(default_factory=dict)      # compressed buckets' sent layouts
-    staged: dict[int, list[torch.Tensor]] = field(default_factory=dict)   # strict mode: inputs awaiting launch
-    launch_t: dict[int, float] = field(default_factory=dict)
-    t_begin: float = 0.0
-    observed: bool = False                               # the controller has seen this step's statistics
 
 
 class Synchronizer:
@@ -85,20 +70,26 @@ class Synchronizer:
         self.numel_total = sum(m.numel for m in self.members)
         self.pattern = payload_exchange(compressor, config.quantized_exchange)
         self.memory = ErrorFeedbackMemory(compressor, config.error_feedback)
+        self.update_space = UpdateSpace(engine, compressor, self.members)   # EF-signSGD: γ in, Δ/γ out
         self.partitioned = compressor.kind == Kind.QUANTIZED    # payloads per bucket partition, not per member
         self.server = ServerResiduals(self.partitioned and self.pattern.rounds > 1
                                       and bool(getattr(compressor, "server_error_feedback", False))
                                       and (config.error_feedback or compressor.owns_state), channels.world_size)
         self.check_finite = config.mode != "dense" or config.nonfinite == "raise"
+        selector = make_selector(config, compressor, self.pattern, rule, self.world_size, channels)
         self.planner = Planner(engine, config, compressor, self.members, self.memory, self.pattern, rule,
-                               self.rank, self.world_size, self.server)
+                               self.rank, self.world_size, self.server, selector)
         if bucket_order is not None and len(bucket_order) == len(self.members):
             self.planner.build(bucket_order, frozen=True)
         else:
             self.planner.build(BucketPlan.provisional_order(len(self.members)), frozen=False)
+        selector.prepare(self.planner)     # the cost model calibrates here: collectives on every rank, at attach
         self.running: Optional[RunningStep] = None
         self._ready_order: list[int] = []
-        self.stats = StepStatistics(engine, self.world_size, channels.control, on_record)
+        check_aggregate_gain(config, compressor)
+        self.aggregate = AggregateGain(compressor, self.planner, config.seed, self.world_size) \
+            if config.mode == "gravac" and config.gain_denominator == "aggregate" else None
+        self.stats = StepStatistics(engine, self.world_size, channels.control, on_record, self.aggregate)
         self.backward_end_t = 0.0
         self.last_launch_times: dict[int, float] = {}
         self._check_selection = callable(getattr(compressor, "indices", None))
@@ -149,6 +140,8 @@ class Synchronizer:
         decision = self.controller.decide(step, self.stats.agreed_lr, force_dense=not self.plan.frozen)
         plan = self.planner.step_plan(step, decision)
         self.running = RunningStep(plan=plan, pending=[len(b.members) for b in self.plan.buckets], t_begin=t0)
+        if self.aggregate is not None:
+            self.aggregate.begin(step, plan.probes)
         if self.config.debug.check_plans:
             check_agreement(plan.digest(), self.channels.control, f"ranks disagree on the plan of step {step}")
 
@@ -198,6 +191,7 @@ class Synchronizer:
         mem.release_gradients()
         for ctx in ctxs:
             ctx.step = plan.step
+        self.update_space.begin(ctxs)
         norms: list[torch.Tensor] = []
         xs = mem.stage(self.comp, ctxs, self.config.error_feedback, squares=norms)
         for ctx, x in zip(ctxs, xs):
@@ -209,6 +203,8 @@ class Synchronizer:
         st.den += den
         if self.config.gain_denominator == "raw":
             st.den_raw += sum(float(torch.dot(g, g)) for g in (flat_fp32(m.param.grad) for m in codec.bucket.members))
+        if self.aggregate is not None:
+            self.aggregate.stage(b, mem.scratch)
         st.stage_s += time.perf_counter() - t0
         width = len(codec.bucket.members)
         live = [not self.planner.dense_at(b, (p,) * width) for p in plan.probes]
@@ -220,6 +216,7 @@ class Synchronizer:
             run.staged[b] = xs
         elif action.compressed:
             lay, es = codec.encode(xs, action.levels, plan.probes, live)
+            run.encode_s[b] = es.compress_s - es.probe_s
         else:
             lay, es = codec.encode(xs, None, plan.probes, live) if plan.probes else (None, None)
         if es is not None:
@@ -237,7 +234,8 @@ class Synchronizer:
             assert lay is not None
             codec.leave_memory(xs, lay)
             run.layouts[b] = lay
-            ex = self.pattern(codec, lay, self.world_size, f"bucket {b} (compressed)", self.config.bulk)
+            ex = self.planner.pattern_of(action)(codec, lay, self.world_size, f"bucket {b} (compressed)",
+                                                 self.config.bulk)
             if self._check_selection:
                 self._selection_digests.append(codec.shared_selection_digest(action.levels))
             self._start(b, ex, lay.values_sent)
@@ -280,6 +278,8 @@ class Synchronizer:
             work.wait()
             agreed = self.stats.agree(rows, run.plan)
         timings = self._complete(agreed)
+        if self.aggregate is not None:
+            self.aggregate.end_step(agreed.nonfinite == 0)
         timings["finish_s"] = time.perf_counter() - t0
         self.last_launch_times = dict(run.launch_t)
         if not self.plan.frozen:
@@ -295,7 +295,7 @@ class Synchronizer:
         advances only once its previous round has completed and every earlier bucket has advanced; at the end
         of backward the rest follow, waiting where needed."""
         run = self.running
-        for r in range(1, self.pattern.rounds):
+        for r in range(1, self.planner.max_rounds):
             b = run.next_round_b.get(r, 0)
             while b < len(self.plan.buckets):
                 ex = run.exchanges.get(b)
@@ -336,12 +336,17 @@ class Synchronizer:
                     out = mem.scratch
                 else:
                     mem.commit_dense(self.comp, ctxs)
+            t_r = time.perf_counter()
             flat = ex.result(out, scale)
+            run.decode_s[b] = time.perf_counter() - t_r
             if bucket.compressible and self.comp.owns_state:     # state that depends on the aggregate
                 self.codecs[b].commit_aggregate(run.layouts.get(b) if run.plan.actions[b].compressed else None,
                                                 flat)
+            if self.aggregate is not None:
+                self.aggregate.bucket_done(bucket, flat, run.plan.actions[b].compressed)
             t2 = time.perf_counter()
             if bucket.compressible:
+                self.update_space.to_gradient(bucket.members, self.planner.ctxs[b], flat, run.plan.step)
                 write_grads(bucket.members, flat, alias=flat is self.memory.bucket(b).scratch)
             else:
                 ex.write_back([m.param.grad for m in bucket.members])
@@ -406,7 +411,8 @@ class Synchronizer:
             dense_bytes=ring_allreduce_bytes(4 * self.numel_total, self.world_size), payload_bytes=payload,
             compressed_numel=compressed_numel, compressed_values=st.values_sent - dense_values,
             nonfinite=int(agreed.nonfinite), t_iter_prev=self.stats.t_iter_last, probe_s=st.probe_s,
-            stage_s=st.stage_s, compress_s=st.compress_s, **timings, **self.controller.telemetry())
+            stage_s=st.stage_s, compress_s=st.compress_s, **timings, **self.controller.telemetry(),
+            **self.planner.selector.after_step(run, self.planner, nonfinite))
         if run.plan.probes and agreed.den > 0 and not nonfinite:
             rec.update({f"gain_raw@{p:g}": num / agreed.den for p, num in zip(run.plan.probes, agreed.nums)})
         self.stats.step_done(run.plan.step, st, timings, rec)
@@ -431,7 +437,8 @@ class Synchronizer:
         residuals of the partitions this rank owns (quantizers)."""
         return {"bucket_order": list(self.plan.order) if self.plan.frozen else None,
                 "layout_signature": self.plan.layout_signature(), "memory": self.memory.state_dict(),
-                "server_residuals": self.server.state_dict()}
+                "server_residuals": self.server.state_dict(),
+                "aggregate_gain": self.aggregate.state_dict() if self.aggregate is not None else None}
 
     def load_state_dict(self, state: dict[str, Any], memory: bool = True) -> None:
         order = state.get("bucket_order")
@@ -440,9 +447,13 @@ class Synchronizer:
         if memory and state.get("memory") is not None:
             self.memory.load_state_dict(state["memory"])
             self.server.load_state_dict(state.get("server_residuals"))
+            if self.aggregate is not None:
+                self.aggregate.load_state_dict(state.get("aggregate_gain"))
         else:
             self.memory.reset()
             self.server.reset()
+            if self.aggregate is not None:
+                self.aggregate.load_state_dict(None)
         self.stats.reset_timing()
 
     def drain(self) -> None:

@@ -79,6 +79,7 @@ class AgreedStats:
     world_size: int
     lr: float = math.nan            # rank 0's learning rate of this step (the agreed value controllers may use)
     nonfinite_first: tuple[float, ...] = ()   # per rank: first tensor (member index) with a NaN/Inf, or -1
+    aggregate: Any = None           # gain_denominator "aggregate": the previous step's AggregateSample, or None
 
 
 @dataclass(frozen=True)

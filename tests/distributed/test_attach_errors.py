@@ -27,7 +27,10 @@ ENGINE_CASES = {
     "unmanaged": ({"managed_gradient_accumulation": False}, None, "managed_gradient_accumulation is false"),
 }
 UNIMPLEMENTED_CASES = {
-    "cost_model": ({"mode": "static", "selection": "cost_model"}, "selection 'cost_model'"),
+    "cost_model_chunks": ({"mode": "static", "selection": "cost_model", "cost_model": {"max_chunks": 4}},
+                          "cost_model.max_chunks 4"),
+    "cost_model_lowrank": ({"mode": "static", "selection": "cost_model", "compressor": "powersgd"},
+                           "selection 'cost_model' is not available in this version for the compressor 'powersgd'"),
     "rank0_decisions": ({"decision_source": "rank0"}, "decision_source 'rank0'"),
 }
 BUILT_CASES = {"pipeline": "pipeline parallelism is not supported", "moe": "MoE layers are not supported"}

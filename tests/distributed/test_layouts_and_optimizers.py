@@ -146,3 +146,23 @@ def test_compressed_with_grad_editing_optimizer_equals_the_copying_one(inplace_r
         for key, ref in res[("topk", "copy")].items():
             assert torch.equal(res[("topk", "in_place")][key], ref), key
         assert not torch.equal(res[("topk", "copy")]["hidden.0.weight"], res[("dense", "copy")]["hidden.0.weight"])
+
+
+def _bf16_groups_job(rank: int, world: int) -> dict:
+    """The hyper-parameters compressors read per tensor (DGC's local weight decay and momentum) under bf16, where
+    DeepSpeed's bf16 optimizer replaces the wrapped optimizer's ``params`` by fp32 master copies."""
+    import ds_gravac
+    model = M.make_model(seed=0).to(torch.bfloat16)
+    gravac = {"mode": "static", "compressor": {"type": "dgc", "params": {"momentum": 0.9}}, "cf": 10,
+              "bucket_cap_mb": 0.02, "min_compress_numel": 0}
+    engine, *_ = ds_gravac.initialize(model=model, model_parameters=model.parameters(),
+                                      config=M.ds_config(gravac, world=world, bf16=True, lr=0.05))
+    planner = ds_gravac.get_handle(engine).sync.planner
+    return {"hyper": sorted({(c.lr, c.weight_decay, c.momentum) for ctxs in planner.ctxs.values() for c in ctxs})}
+
+
+def test_compressors_see_the_groups_hyperparameters_under_bf16() -> None:
+    """Regression: under bf16 every tensor used to get lr 0, weight decay 0 and momentum 0 (no group found), so
+    DGC silently dropped its local weight decay."""
+    for out in run_ranks(_bf16_groups_job, 2):
+        assert out["hyper"] == [(0.05, 1e-4, 0.9)]

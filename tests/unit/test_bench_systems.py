@@ -40,12 +40,34 @@ def test_ablation_ladder_rungs_differ_only_in_overlap_and_bulk() -> None:
     assert list(ladder)[:3] == ["compute_only", "ds_dense", "gv_dense"]
     assert ladder["compute_only"].system == "local" and ladder["compute_only"].gravac is None
     rungs = [s.gravac for sid, s in ladder.items() if sid.startswith("abl_")]
-    assert [(g["overlap"], g["bulk"]) for g in rungs] == [(False, False), (True, False), (True, True)]
+    assert [(g["overlap"], g["bulk"], g.get("selection", "threshold")) for g in rungs] == \
+        [(False, False, "threshold"), (True, False, "threshold"), (True, True, "threshold"), (True, True, "cost_model")]
     for g in rungs:
         parse_config(g)
-        assert {k: v for k, v in g.items() if k not in ("overlap", "bulk")} == \
+        assert {k: v for k, v in g.items() if k not in ("overlap", "bulk", "selection")} == \
             {"mode": "static", "compressor": "topk", "cf": 100, "min_compress_numel": 16384}
     assert ablation_matrix("dgc:10")["abl_dgc_10_plain"].gravac["min_compress_numel"] == 0
+
+
+def test_cost_model_systems_differ_from_their_threshold_twins_only_in_selection() -> None:
+    """gv_topk_costmodel / gv_onebit_costmodel: the cost model decides alone (no size threshold); the sections
+    pass every attach-time refusal (a cost-model system the release refuses would only fail on the cluster)."""
+    from ds_gravac.config import unavailable_settings
+    from ds_gravac.integration.engine import build_compressor
+    from ds_gravac.sync.cost_model.selector import check_priceable, exchange_candidates
+
+    matrix = system_matrix(30)
+    for sid, twin in (("gv_topk_costmodel", "gv_topk_100"), ("gv_onebit_costmodel", "gv_onebit_ps")):
+        g, t = matrix[sid].gravac, matrix[twin].gravac
+        assert g["selection"] == "cost_model" and g["min_compress_numel"] == 0 and matrix[sid].system == "gravac"
+        differ = {k for k in set(g) | set(t) if g.get(k) != t.get(k)}
+        assert differ <= {"selection", "min_compress_numel", "quantized_exchange"}, differ
+        cfg = parse_config(g)
+        assert unavailable_settings(cfg) == []
+        comp = build_compressor(cfg)
+        check_priceable(comp, exchange_candidates(cfg.quantized_exchange, comp))
+    assert exchange_candidates("auto", build_compressor(parse_config(matrix["gv_onebit_costmodel"].gravac))) == \
+        ("casync_ps", "allgather")
 
 
 @pytest.mark.parametrize("bad", ["topk", "powersgd:4", "topk:0.5", "topk:x"])

@@ -242,12 +242,14 @@ def test_fuzz_strategies_are_not_vacuous() -> None:
 
 
 UNAVAILABLE: list[tuple[dict[str, Any], str, str]] = [      # (section, key and value, what to do instead)
-    ({"selection": "cost_model"}, "selection 'cost_model'", "use 'threshold' with min_compress_numel"),
+    ({"selection": "cost_model", "cost_model": {"max_chunks": 4}}, "cost_model.max_chunks 4", "allowed: 1"),
     ({"decision_source": "rank0"}, "decision_source 'rank0'", "the default 'allreduce'"),
+    ({"telemetry": {"timing": False}}, "telemetry.timing false", "remove the key"),
+]
+WITHOUT_EFFECT: list[tuple[dict[str, Any], str, str]] = [   # keys that only act under another setting
     ({"cost_model": {"margin": 0.5}}, "cost_model.margin 0.5", "remove the cost_model section"),
     ({"cost_model": {"calibrate": True, "probe_repeats": 3}}, "cost_model.calibrate true, cost_model.probe_repeats 3",
-     "remove the cost_model section"),
-    ({"telemetry": {"timing": False}}, "telemetry.timing false", "remove the key"),
+     "set \"selection\": \"cost_model\""),
 ]
 
 
@@ -260,13 +262,21 @@ def test_settings_without_effect_are_refused(section: dict[str, Any], key: str, 
     assert key in str(info.value) and instead in str(info.value), str(info.value)
 
 
+@pytest.mark.parametrize("section, key, instead", WITHOUT_EFFECT, ids=[u[1] for u in WITHOUT_EFFECT])
+def test_cost_model_keys_need_cost_model_selection(section: dict[str, Any], key: str, instead: str) -> None:
+    with pytest.raises(GravacUnsupportedError, match="only used with selection 'cost_model'") as info:
+        reject_unimplemented(parse_config({**VALID_BASE, **section}))
+    assert key in str(info.value) and instead in str(info.value), str(info.value)
+    assert unavailable_settings(parse_config({**VALID_BASE, **section, "selection": "cost_model"})) == []
+
+
 def test_all_unavailable_settings_are_reported_together() -> None:
     """One attach names every such key, so fixing a config takes one round trip, not five."""
-    section: dict[str, Any] = {**VALID_BASE, "selection": "cost_model", "decision_source": "rank0",
-                               "cost_model": {"margin": 0.5}, "telemetry": {"timing": False}}
+    section: dict[str, Any] = {**VALID_BASE, "decision_source": "rank0", "cost_model": {"max_chunks": 2},
+                               "telemetry": {"timing": False}}
     with pytest.raises(GravacUnsupportedError) as info:
         reject_unimplemented(parse_config(section))
-    for key in ("selection", "decision_source", "cost_model.margin", "telemetry.timing"):
+    for key in ("cost_model.max_chunks", "decision_source", "cost_model.max_chunks 2: only used", "telemetry.timing"):
         assert key in str(info.value), key
     assert len(unavailable_settings(parse_config(section))) == 4
 
@@ -288,7 +298,9 @@ def test_edge_cases_name_their_key(section: dict[str, Any], key: str) -> None:
 @pytest.mark.parametrize("section", [{}, VALID_BASE, {"cost_model": {}}, {"telemetry": {"timing": True}},
                                      {"quantized_exchange": "auto"}, {"quantized_exchange": "ps"},
                                      {"quantized_exchange": "allgather"}, {"cost_model": {"margin": "auto"}},
-                                     {"selection": "threshold", "decision_source": "allreduce"}])
+                                     {"selection": "threshold", "decision_source": "allreduce"},
+                                     {"selection": "cost_model"}, {"selection": "cost_model", "cost_model": {
+                                         "margin": 0.5, "refit_interval": 0, "max_chunks": 1}}])
 def test_defaults_and_effective_settings_pass(section: dict[str, Any]) -> None:
     assert unavailable_settings(parse_config(section)) == []
 

@@ -649,6 +649,8 @@ def test_efsignsgd_check_engine_warns_unless_plain_sgd() -> None:
     for opt in (torch.optim.SGD(w, lr=0.1, momentum=0.9), torch.optim.Adam(w)):
         with pytest.warns(UserWarning, match="efsignsgd"):
             comp.check_engine(types.SimpleNamespace(optimizer=opt))
+    with pytest.warns(UserWarning, match=r"gradient_clipping \(1\) rescales"):    # clipping changes γ·G
+        comp.check_engine(types.SimpleNamespace(optimizer=torch.optim.SGD(w, lr=0.1), gradient_clipping=lambda: 1.0))
 
 
 # ---- external EF: commit semantics ---------------------------------------------------------------------------

@@ -20,13 +20,19 @@ PATTERNS: dict[str, Any] = {"allreduce": PayloadAllReduce, "allgather": PayloadA
                             "two_round": TwoRoundAllReduce, "casync_ps": CaSyncPS, "half_allreduce": HalfAllReduce}
 
 
-def payload_exchange(compressor: Compressor, quantized: str = "auto") -> Any:
-    """The pattern class of a compressor's payloads: its ``exchange`` name, else by kind. ``quantized`` is the
+def exchange_name(compressor: Compressor, quantized: str = "auto") -> str:
+    """The name of a compressor's pattern: its ``exchange``, else by kind. ``quantized`` is the
     ``quantized_exchange`` key: ``"allgather"`` makes quantizers gather every rank's whole-bucket payload (no
     server stage) instead of their parameter-server pattern."""
     name = compressor.exchange or ("allreduce" if compressor.kind == Kind.SUMMABLE else "allgather")
     if compressor.kind == Kind.QUANTIZED and quantized == "allgather":
         name = "allgather"
+    return name
+
+
+def payload_exchange(compressor: Compressor, quantized: str = "auto") -> Any:
+    """The pattern class of a compressor's payloads (see :func:`exchange_name`)."""
+    name = exchange_name(compressor, quantized)
     try:
         return PATTERNS[name]
     except KeyError:
@@ -36,4 +42,4 @@ def payload_exchange(compressor: Compressor, quantized: str = "auto") -> Any:
 
 
 __all__ = ["CaSyncPS", "DenseAllReduce", "Exchange", "HalfAllReduce", "PATTERNS", "PayloadAllGather",
-           "PayloadAllReduce", "TwoRoundAllReduce", "payload_exchange"]
+           "PayloadAllReduce", "TwoRoundAllReduce", "exchange_name", "payload_exchange"]

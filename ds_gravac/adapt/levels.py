@@ -1,0 +1,114 @@
+"""Which levels a controller may use with a compressor: GraVAC's θ range and Accordion's two levels.
+
+Sparsifiers realize any CF ≥ 1 and low-rank compressors any integer rank, but a quantizer realizes a fixed grid
+of CFs (``cf_grid``: terngrad 4/8/16/32, qsgd 4/8/16, the others a single value). GraVAC's range therefore snaps
+to the grid — and without ``theta_min``/``theta_max`` in the config it spans the whole grid, since the general
+defaults (10 and 1000) would leave at most one quantizer level — while Accordion's two levels must be grid
+values. A compressor with a single level gives neither controller anything to choose.
+
+The same pure functions run twice: at attach, on the compressor, before anything is agreed or changed (so a bad
+combination fails on every rank with the key, the value and what to use), and in the controllers' ``bind``.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Sequence
+
+from ..errors import GravacConfigError
+
+# (low, high) compression of Accordion when the config leaves them unset; a quantizer uses its grid's ends.
+DEFAULT_LEVELS = {"cf": (1.01, 10.0), "rank": (4.0, 1.0)}
+GRAVAC_NEEDS = "ds_gravac: mode 'gravac' needs a compressor with gain_kind 'projection' and >= 2 realizable CFs"
+
+Realize = Callable[[float], float]
+
+
+def grid_levels(grid: Optional[Sequence[float]]) -> Optional[list[float]]:
+    """The distinct realizable CFs, sorted; None for a continuous CF."""
+    return None if grid is None else sorted({float(g) for g in grid})
+
+
+def _cfs(levels: Sequence[float]) -> str:
+    return ", ".join(f"{v:g}" for v in levels)
+
+
+def gravac_range(config: Any, name: str, level_kind: str, gain_kind: str, grid: Optional[Sequence[float]],
+                 realize: Realize, static_only: bool = False) -> tuple[float, float]:
+    """``(θ_min0, θ_max)`` GraVAC searches with this compressor; a :class:`GravacConfigError` when it cannot
+    drive it (levels are ranks, no meaningful gain, a single CF, or a level that does not steer the payload)."""
+    levels = grid_levels(grid)
+    single = levels is not None and len(levels) < 2
+    if level_kind != "cf" or gain_kind == "none" or static_only or single:
+        if level_kind != "cf":
+            why = f"it is levelled by {level_kind!r}"
+        elif static_only:
+            why = "its level only bounds the payload, it does not steer what is sent"
+        else:
+            reasons = [f"it realizes only the CF {_cfs(levels or [])}"] if single else []
+            if gain_kind == "none":
+                reasons.append(f"its compression gain is meaningless (gain_kind {gain_kind!r})")
+            why = " and ".join(reasons)
+        accordion_ok = level_kind == "rank" or levels is None or len(levels) >= 2
+        use = "'static' or 'accordion'" if accordion_ok and not static_only else "'static'"
+        raise GravacConfigError(f"{GRAVAC_NEEDS}; {name!r} is static-only ({why}; use mode {use}) "
+                                f"(keys \"mode\": \"gravac\", \"compressor\": \"{name}\")")
+    lo, hi = float(config.theta_min), float(config.theta_max)
+    if levels is None:
+        return lo, hi
+    chosen = config.model_fields_set
+    lo = lo if "theta_min" in chosen else levels[0]
+    hi = hi if "theta_max" in chosen else levels[-1]
+    reach = [g for g in levels if realize(lo) <= g <= realize(hi)]
+    if len(reach) < 2:
+        shown = [f"{v:g}" if key in chosen else f"unset: {v:g}" for key, v in (("theta_min", lo), ("theta_max", hi))]
+        raise GravacConfigError(
+            f"ds_gravac: theta_min ({shown[0]}) and theta_max ({shown[1]}) snap to the single CF {_cfs(reach)} of "
+            f"compressor {name!r}, whose CFs are {_cfs(levels)}; GraVAC needs at least two of them between "
+            f"theta_min (snapped up to the next CF) and theta_max, or leave both keys unset to search the whole "
+            f"grid (keys \"theta_min\", \"theta_max\")")
+    return lo, hi
+
+
+def accordion_levels(acc: Any, name: str, level_kind: str, grid: Optional[Sequence[float]],
+                     realize: Realize) -> tuple[float, float]:
+    """Accordion's ``(low, high)`` compression levels (CFs or ranks) for this compressor, validated."""
+    kind = "rank" if level_kind == "rank" else "cf"
+    levels = grid_levels(grid) if kind == "cf" else None
+    if levels == [1.0]:     # compresses nothing (``none``): attach's compressibility check names that problem
+        levels = None
+    low_d, high_d = DEFAULT_LEVELS[kind]
+    if levels is not None:
+        if len(levels) < 2:
+            raise GravacConfigError(f"ds_gravac: mode 'accordion' switches between two compression levels, but "
+                                    f"compressor {name!r} realizes only the CF {_cfs(levels)}; use mode 'static' "
+                                    f"(keys \"mode\": \"accordion\", \"compressor\": \"{name}\")")
+        low_d, high_d = levels[0], levels[-1]
+    low = float(acc.low_compression) if acc.low_compression is not None else low_d
+    high = float(acc.high_compression) if acc.high_compression is not None else high_d
+    if kind == "rank":
+        if low != int(low) or high != int(high) or high > low:
+            raise GravacConfigError(f"ds_gravac: accordion levels for a low-rank compressor must be integer "
+                                    f"ranks with high_compression <= low_compression (got {low:g}/{high:g})")
+        return low, high
+    if levels is not None:
+        for key, value in (("accordion.low_compression", low), ("accordion.high_compression", high)):
+            if value not in levels:
+                raise GravacConfigError(f"ds_gravac: {key} ({value:g}) is not a CF of compressor {name!r}; "
+                                        f"allowed: {_cfs(levels)} (key \"{key}\")")
+    if high < low:
+        raise GravacConfigError(f"ds_gravac: accordion.high_compression ({high:g}) must compress at least "
+                                f"as much as accordion.low_compression ({low:g})")
+    return float(realize(low)), float(realize(high))
+
+
+def check_mode(config: Any, compressor: Any) -> None:
+    """Attach-time check that ``config.mode`` can drive ``compressor`` with the configured levels."""
+    name = config.compressor.type
+    grid = compressor.cf_grid()
+    if config.mode == "gravac":
+        gravac_range(config, name, compressor.level_kind, compressor.gain_kind, grid, compressor.realize_cf,
+                     static_only=bool(getattr(compressor, "static_only", False)))
+    elif config.mode == "accordion":
+        accordion_levels(config.accordion, name, compressor.level_kind, grid, compressor.realize_cf)
+
+
+__all__ = ["DEFAULT_LEVELS", "accordion_levels", "check_mode", "grid_levels", "gravac_range"]

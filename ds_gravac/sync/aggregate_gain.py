@@ -1,0 +1,198 @@
+"""GraVAC's gain measured on the averaged gradient (``"gain_denominator": "aggregate"``, low-rank compressors).
+
+Why: the ``"ef"`` and ``"raw"`` gains are taken per rank, on the rank's own compensated input ``x_w``. For a
+low-rank compressor with error feedback each rank's residual also holds its own deviation from the mean, which
+never cancels locally: ``‖x_w‖²`` grows over the run while what the averaged factors apply does not, so the
+per-rank gain drifts (towards 0 with the ``"ef"`` denominator, without bound with ``"raw"``) and says nothing about
+how much of the *averaged* gradient a rank keeps. This gain is
+
+    δ_agg(θ) = ‖G_θ‖² / ‖x̄‖²,    x̄ = mean over ranks of x_w,   G_θ = the aggregate applied at level θ,
+
+the fraction of the mean input's energy that the update at θ carries (in [0, 1]).
+
+Numerator, exact and free: the low-rank aggregate is ``G = Σ_k u_k·c_kᵀ`` with orthonormal ``u_k``, so
+``‖G_r‖² = Σ_{k≤r} ‖c_k‖²`` for every rank ``r`` up to the one sent (prefixes of the reduced factor, which every
+rank already holds); on a dense step the warm-start refresh projects the exact mean, which gives every rank up to
+the factors' width. A level whose rank exceeds what the step computed gets no sample that step.
+
+Denominator: ``G`` is an orthogonal projection of ``x̄``, so ``‖x̄‖² = ‖G‖² + ‖x̄ − G‖²``. ``‖G‖²`` is known exactly;
+``‖x̄ − G‖²`` (what the step left behind, averaged over ranks) is estimated from ``SAMPLES`` coordinates drawn
+uniformly from the shared seeded stream each step: each rank sends ``x_w − G`` at those coordinates, the sum over
+ranks gives ``x̄ − G`` there, and ``n/k·Σ (x̄ − G)_s²`` is unbiased. Models with fewer compressible elements than
+``SAMPLES`` use every coordinate (exact). A dense step's denominator is exact (``G = x̄``).
+
+Everything of step ``i`` is known only after its aggregate is decoded, so it travels in step ``i + 1``'s
+statistics vector (rank 0's values for the exact terms, rank-order sums for the samples) and the controller
+receives it one step late, agreed like every other statistic.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional
+
+import torch
+
+from ..compress.base import Compressor, stable_hash
+from ..errors import GravacConfigError
+from ..telemetry.stats import MAX_PROBES
+
+if TYPE_CHECKING:
+    from .buckets import Bucket, BucketPlan
+    from .planner import Planner
+
+SAMPLES = 4096
+HEAD = 2 + MAX_PROBES            # step, ‖G‖², one numerator per probe slot (−1: not measured)
+
+
+@dataclass(frozen=True)
+class AggregateSample:
+    """One step's agreed aggregate gain sample: the probe levels of that step and their numerators."""
+
+    step: int
+    levels: tuple[float, ...]
+    den: float
+    nums: tuple[Optional[float], ...]      # None: the level was not measurable at that step
+
+
+def check_aggregate_gain(config: Any, comp: Compressor) -> None:
+    """``gain_denominator: "aggregate"`` needs a compressor that reports its aggregate's component energies."""
+    if config.gain_denominator == "aggregate" and config.mode == "gravac" and not comp.aggregate_gain:
+        raise GravacConfigError(
+            f"ds_gravac: gain_denominator 'aggregate' is measured from the factors of a low-rank aggregate; "
+            f"compressor '{config.compressor.type}' has none (key \"gain_denominator\": use \"ef\" or \"raw\", or a "
+            f"low-rank compressor: powersgd, acpsgd)")
+
+
+class AggregateGain:
+    """Collects one step's aggregate gain on this rank and turns the gathered vectors into an agreed sample."""
+
+    def __init__(self, comp: Compressor, planner: "Planner", seed: int, world_size: int,
+                 samples: Optional[int] = None) -> None:
+        self.comp, self.planner, self.seed, self.world_size = comp, planner, seed, world_size
+        compressible = sum(m.numel for m in planner.members if m.compressible)
+        self.samples = max(1, min(int(samples if samples is not None else SAMPLES), compressible))
+        self.width = HEAD + self.samples            # the tail this module adds to the statistics vector
+        self._plan: Optional["BucketPlan"] = None
+        self._starts: dict[int, int] = {}
+        self._total = 0
+        self._report = self._empty()                # what the next statistics vector carries
+        self._levels: dict[int, tuple[float, ...]] = {}   # step → its probe levels (agreed: from the plan)
+        self._scale = 1.0
+
+    def _empty(self) -> torch.Tensor:
+        out = torch.zeros(self.width, dtype=torch.float64)
+        out[0] = -1.0
+        return out
+
+    # ---- during the step ------------------------------------------------------------------------------
+    def begin(self, step: int, probes: tuple[float, ...]) -> None:
+        """Draw this step's sample coordinates over the compressible buckets (the same on every rank)."""
+        plan = self.planner.plan
+        if plan is not self._plan:
+            self._plan, start = plan, 0
+            self._starts = {}
+            for b in plan.buckets:
+                if b.compressible:
+                    self._starts[b.index] = start
+                    start += b.numel
+            self._total = start
+        self.step, self.probes = int(step), tuple(float(p) for p in probes)
+        if self._total <= self.samples:
+            idx = torch.arange(self._total, dtype=torch.int64)
+        else:
+            gen = torch.Generator().manual_seed(stable_hash(f"aggregate-gain:{self.seed}:{step}") & (2**62 - 1))
+            idx = torch.randint(self._total, (self.samples,), generator=gen, dtype=torch.int64)
+        self._count = int(idx.numel())
+        self._where: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        for b, s in self._starts.items():
+            pos = ((idx >= s) & (idx < s + self._plan.buckets[b].numel)).nonzero().view(-1)
+            self._where[b] = (pos, idx[pos] - s)
+        self._x = torch.zeros(self.samples, dtype=torch.float64)
+        self._applied = 0.0
+        self._nums = [0.0] * len(self.probes)
+        self._valid = [True] * len(self.probes)
+
+    def stage(self, b: int, flat_x: torch.Tensor) -> None:
+        """The bucket's compensated input, before anything is sent: keep it at the sample coordinates."""
+        pos, off = self._where[b]
+        if pos.numel():
+            self._x[pos] = flat_x[off.to(flat_x.device)].double().cpu()
+
+    def bucket_done(self, bucket: "Bucket", flat: torch.Tensor, compressed: bool) -> None:
+        """After the bucket's aggregate was decoded and committed (component energies recorded)."""
+        if not bucket.compressible:
+            e = float(torch.dot(flat.double(), flat.double())) if flat.numel() else 0.0
+            self._applied += e
+            self._nums = [n + e for n in self._nums]
+            return
+        pos, off = self._where[bucket.index]
+        if pos.numel():
+            self._x[pos] -= flat[off.to(flat.device)].double().cpu()       # x_w − G at the sample coordinates
+        ctxs = self.planner.ctxs[bucket.index]
+        for m, ctx in zip(bucket.members, ctxs):
+            seg = flat[m.offset:m.offset + m.numel].double()
+            e = float(torch.dot(seg, seg))
+            self._applied += e
+            energies = self.comp.component_energies(ctx)
+            cum = None if energies is None else [0.0] + torch.cumsum(energies, 0).tolist()
+            for j, p in enumerate(self.probes):
+                rank = int(self.comp.tensor_plan(ctx.shape, self.comp.member_level(
+                    ctx, self.planner.level(p, self.step))).get("rank") or 0)
+                if rank == 0:                   # plain at this level: the exact mean, if that is what we hold
+                    ok = not compressed or energies is None
+                    val = e
+                else:
+                    ok = cum is not None and rank < len(cum)
+                    val = cum[rank] if ok else 0.0
+                self._valid[j] = self._valid[j] and ok
+                self._nums[j] += val
+
+    def end_step(self, finite: bool) -> None:
+        """The step's measurement becomes what the next statistics vector carries (nothing if not finite)."""
+        out = self._empty()
+        if finite and all(math.isfinite(v) for v in [self._applied, *self._nums]):
+            out[0], out[1] = float(self.step), self._applied
+            for j, (v, ok) in enumerate(zip(self._nums[:MAX_PROBES], self._valid)):
+                out[2 + j] = v if ok else -1.0
+            x = self._x[:self._count]
+            out[HEAD:HEAD + self._count] = torch.where(torch.isfinite(x), x, torch.zeros_like(x))
+            self._levels = {self.step: self.probes}
+            self._scale = self._total / max(1, self._count)
+        self._report = out
+
+    # ---- the exchange -----------------------------------------------------------------------------------
+    def tail(self) -> torch.Tensor:
+        """The previous step's measurement, appended to this step's statistics vector."""
+        return self._report
+
+    def agreed(self, tails: list[list[float]]) -> Optional[AggregateSample]:
+        """From every rank's tail (rank order): rank 0's exact terms and the rank-order sums of the samples."""
+        head = tails[0]
+        step = int(head[0])
+        levels = self._levels.get(step)
+        if step < 0 or levels is None:
+            return None
+        n = self.world_size
+        left = 0.0
+        for s in range(HEAD, HEAD + self.samples):
+            mean = 0.0
+            for row in tails:
+                mean += row[s]
+            left += (mean / n) ** 2
+        den = head[1] + self._scale * left
+        nums = tuple(None if head[2 + j] < 0 else head[2 + j] for j in range(len(levels)))
+        return AggregateSample(step=step, levels=levels, den=den, nums=nums)
+
+    # ---- checkpoints ------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The measurement still to be sent (it belongs to the last step before the checkpoint)."""
+        return {"report": self._report.clone(), "levels": dict(self._levels), "scale": self._scale}
+
+    def load_state_dict(self, state: Optional[dict[str, Any]]) -> None:
+        if not state or tuple(state["report"].shape) != (self.width,):
+            self._report, self._levels = self._empty(), {}       # another sample count: start without one
+            return
+        self._report = state["report"].clone()
+        self._levels = {int(k): tuple(v) for k, v in state["levels"].items()}
+        self._scale = float(state["scale"])

@@ -1,0 +1,51 @@
+"""Timings a finished step leaves behind, as samples for the online refit (rank-local until agreed).
+
+* Encode: the sent level's encode time of each compressed bucket (one call per member or partition).
+* Decode: the time of the bucket's final decode (``Exchange.result``); an all-gather decodes every rank's row.
+* Collectives: ``completion − max(launch, completion of the previous collective on the same channel)``, taken
+  only from collectives that were still running when waited for — only then is their completion time known
+  (one that finished during backward is seen complete at some later moment, which says nothing).
+"""
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from .fits import decode_key, encode_key
+
+Sample = tuple[float, float, float]            # (calls, x, seconds)
+
+
+def codec_samples(run: Any, codecs: dict[int, Any], own_exchange: str, world_size: int
+                  ) -> Iterator[tuple[str, Sample]]:
+    """``(name, sample)`` for the encode and decode of every compressed bucket sent at a single level."""
+    for b, action in enumerate(run.plan.actions):
+        if not action.compressed or b not in codecs:
+            continue
+        plans = codecs[b].plans(action.levels)
+        levels = {p.level for p in plans}
+        if len(levels) != 1:
+            continue                              # per-tensor levels: no single fit to attribute it to
+        level = levels.pop()
+        calls, numel = float(len(plans)), float(sum(p.numel for p in plans))
+        if b in run.encode_s:
+            yield encode_key(level), (calls, numel, run.encode_s[b])
+        if b in run.decode_s:
+            rows = world_size if (action.exchange or own_exchange) == "allgather" else 1
+            yield decode_key(level), (rows * calls, rows * numel, run.decode_s[b])
+
+
+def collective_samples(exchanges: dict[int, Any]) -> Iterator[tuple[str, Sample]]:
+    """``(kind, sample)`` of every data collective whose end was observed (see the module docstring)."""
+    per_channel: dict[int, list[Any]] = {}
+    for ex in exchanges.values():
+        for r, work in enumerate(ex.works):
+            if work is not None and work.kind:
+                per_channel.setdefault(r, []).append(work)
+    for works in per_channel.values():
+        prev_end = float("-inf")
+        for w in sorted(works, key=lambda w: w.launch_t):
+            if w.finish_t is None:
+                continue
+            if w.blocked:
+                yield w.kind, (1.0, float(w.nbytes), w.finish_t - max(w.launch_t, prev_end))
+            prev_end = w.finish_t

@@ -1,0 +1,69 @@
+"""Cost-model choice for one bucket at one level tuple: dense, or compressed with the cheapest exchange.
+
+A bucket is compressed only if its cheapest predicted compressed time is at most ``margin`` times its predicted
+dense time (``cost_model.margin``: a margin below 1 asks compression to win clearly, since the prediction
+ignores overlap). Candidates are the compressor's own pattern, plus the all-gather for quantizers with
+``quantized_exchange: "auto"`` whose owners merge by averaging (the parameter server and the all-gather then
+compute the same average; signSGD's owners vote, so it keeps its pattern). Ties go to the compressor's own
+pattern. Until agreed fits exist, the threshold rules answer.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from ...compress.base import Compressor, Kind
+from ...compress.quantize import Quantizer
+from ...errors import GravacUnsupportedError
+from ..exchange import exchange_name
+from ..reduce_rule import ReduceRule
+from ..selection import Choice, ThresholdSelector
+from .fits import FitTable
+from .predict import PRICED, compressed_time, dense_time
+
+
+def exchange_candidates(quantized_exchange: str, compressor: Compressor) -> tuple[str, ...]:
+    """Patterns the cost model may choose between for this compressor (the first is its own)."""
+    own = exchange_name(compressor, quantized_exchange)
+    averaging = type(compressor).merge_decode is Quantizer.merge_decode if isinstance(compressor, Quantizer) \
+        else False
+    if compressor.kind == Kind.QUANTIZED and quantized_exchange == "auto" and own == "casync_ps" and averaging:
+        return (own, "allgather")
+    return (own,)
+
+
+def check_priceable(compressor: Compressor, candidates: tuple[str, ...]) -> None:
+    """Refuse, at attach, compressors whose time the model cannot predict."""
+    shaped = type(compressor).tensor_plan is not Compressor.tensor_plan
+    if shaped or any(c not in PRICED for c in candidates):
+        why = "its payloads depend on matrix shapes" if shaped else f"its exchange pattern '{candidates[0]}' " \
+            f"is not priced (priced: {', '.join(PRICED)})"
+        raise GravacUnsupportedError(
+            f"ds_gravac: selection 'cost_model' is not available in this version for the compressor "
+            f"'{compressor.name}': {why}; use \"selection\": \"threshold\" (key \"selection\")")
+
+
+class CostModelSelector:
+    """Chooses from agreed fits; ``version`` changes whenever the fits do (the planner's cache key)."""
+
+    def __init__(self, margin: float, candidates: tuple[str, ...], rule: ReduceRule, world_size: int,
+                 fallback: ThresholdSelector) -> None:
+        self.margin, self.candidates, self.rule, self.world_size = margin, candidates, rule, world_size
+        self.fallback = fallback
+        self.fits: Optional[FitTable] = None
+        self.version = 0
+
+    def set_fits(self, fits: FitTable) -> None:
+        """Adopt an agreed table (identical on every rank): every cached choice is stale from now on."""
+        self.fits = fits
+        self.version += 1
+
+    def choose(self, codec: Any, levels: tuple[float, ...]) -> Choice:
+        if self.fits is None:
+            return self.fallback.choose(codec, levels)
+        numel = codec.bucket.numel
+        plans = codec.plans(levels)
+        dense = dense_time(self.fits, numel, self.rule.comm_bytes_per_element)
+        best_t, best = min((compressed_time(self.fits, ex, numel, self.world_size, plans), i)
+                           for i, ex in enumerate(self.candidates))
+        return Choice(dense=not best_t <= self.margin * dense, exchange=self.candidates[best],
+                      pred_dense_s=dense, pred_compressed_s=best_t)

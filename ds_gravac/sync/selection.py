@@ -1,0 +1,73 @@
+"""Which compressible buckets are sent compressed, and with which exchange: the planner's selection strategy.
+
+The planner asks its selector for a :class:`Choice` per (bucket, level tuple) and caches the answer per
+``(bucket, levels, phase, selector.version)``; a selector bumps ``version`` when its answers may change (the
+cost model after a refit). Answers must depend on agreed values only (config, N, the frozen bucket plan, the
+levels, agreed fits), because they select collectives and payload sizes.
+
+``selection: "threshold"`` is :class:`ThresholdSelector`; ``"cost_model"`` is
+:class:`ds_gravac.sync.cost_model.model.CostModel`, which answers with these same rules until it has fits.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional, Protocol
+
+from ..config import GravacConfig
+from .reduce_rule import ReduceRule
+
+if TYPE_CHECKING:
+    from .planner import Planner
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One bucket at one level tuple: dense or compressed, the exchange pattern, and the predicted seconds
+    (NaN when the selector predicts nothing)."""
+
+    dense: bool
+    exchange: str = ""                  # pattern name; "" = the compressor's own pattern
+    pred_dense_s: float = math.nan
+    pred_compressed_s: float = math.nan
+
+
+class Selector(Protocol):
+    version: int
+
+    def choose(self, codec: Any, levels: tuple[float, ...]) -> Choice: ...
+
+    def prepare(self, planner: "Planner") -> None: ...
+
+    def after_step(self, run: Any, planner: "Planner", nonfinite: bool) -> dict[str, Any]: ...
+
+
+class ThresholdSelector:
+    """Static classification decides what is compressible; per step a bucket goes dense only when
+    ``sparse_fallback`` is on and its pattern would move at least the bytes of the dense all-reduce."""
+
+    version = 0
+
+    def __init__(self, config: GravacConfig, pattern: Any, rule: ReduceRule, world_size: int) -> None:
+        self.config, self.pattern, self.rule, self.world_size = config, pattern, rule, world_size
+
+    def choose(self, codec: Any, levels: tuple[float, ...]) -> Choice:
+        words = sum(p.words for p in codec.plans(levels))
+        return Choice(self.config.sparse_fallback
+                      and not self.pattern.pays(words, codec.bucket.numel, self.world_size, self.rule))
+
+    def prepare(self, planner: "Planner") -> None:
+        """Nothing to measure."""
+
+    def after_step(self, run: Any, planner: "Planner", nonfinite: bool) -> dict[str, Any]:
+        return {}
+
+
+def make_selector(config: GravacConfig, compressor: Any, pattern: Any, rule: ReduceRule, world_size: int,
+                  channels: Optional[Any] = None) -> Selector:
+    """The strategy ``config.selection`` names (the cost model needs the channels to measure and agree)."""
+    threshold = ThresholdSelector(config, pattern, rule, world_size)
+    if config.selection != "cost_model" or channels is None or config.mode == "dense" or compressor.name == "none":
+        return threshold                      # nothing is ever compressed: nothing to price
+    from .cost_model.model import CostModel
+    return CostModel(config, compressor, rule, world_size, channels, threshold)
