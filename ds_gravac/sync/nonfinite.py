@@ -4,13 +4,37 @@ gradients, and the message that names the step and the first non-finite tensor o
 Nothing here touches ds_gravac's state: the scheduler simply does not commit such a step."""
 from __future__ import annotations
 
+import logging
 import time
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
+from ..errors import GravacError
 from ..telemetry.stats import AgreedStats, StepStats
 from .buckets import Bucket, Member
 from .exchange import DenseAllReduce, Exchange
 from .reduce_rule import ReduceRule
+
+if TYPE_CHECKING:
+    from .running_step import RunningStep
+
+logger = logging.getLogger("ds_gravac")
+
+
+def nonfinite_step(agreed: AgreedStats, run: "RunningStep", members: Sequence[Member], buckets: Sequence[Bucket],
+                   policy: str, rule: ReduceRule, world_size: int, channels: Sequence[Any]) -> dict[str, float]:
+    """Some rank produced a NaN/Inf: nothing commits; every gradient is averaged exactly as DeepSpeed would, so
+    the user's own safeguards see what they would see without ds_gravac (or, ``policy`` "raise", the error)."""
+    t1 = time.perf_counter()
+    for ex in run.exchanges.values():                 # issued on every rank: let them finish
+        ex.wait_all()
+    comm_wait = time.perf_counter() - t1
+    message = nonfinite_message(agreed, members, policy)
+    if policy == "raise":
+        raise GravacError(message)
+    logger.warning("%s; sent dense, ds_gravac state unchanged", message)
+    timings = resend_raw(buckets, run.exchanges, rule, world_size, channels, run.stats)
+    timings["comm_wait_s"] += comm_wait
+    return timings
 
 
 def nonfinite_message(agreed: AgreedStats, members: Sequence[Member], policy: str) -> str:

@@ -19,40 +19,38 @@ What a bucket does inside an exchange, and how payloads are encoded, is not this
 """
 from __future__ import annotations
 
-import logging
 import math
 import time
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
-from ..compress.base import Compressor, Kind, stable_hash
+from ..compress.base import Compressor, Kind
 from ..config import GravacConfig
 from ..errors import GravacError
-from ..telemetry import stats as statvec
 from ..telemetry.stats import AgreedStats
+from .aggregate_gain import AggregateGain, check_aggregate_gain
 from .buckets import BucketPlan, Member, classify
 from .codec import BucketCodec, SendLayout
-from .collectives import Channels, broadcast, check_agreement, ring_allreduce_bytes
-from .aggregate_gain import AggregateGain, check_aggregate_gain
+from .collectives import Channels, broadcast, check_agreement
 from .exchange import DenseAllReduce, Exchange, payload_exchange
 from .hooks import HookManager
 from .host_memory import release_freed_host_memory
 from .memory import ErrorFeedbackMemory, flat_fp32, write_grads
-from .nonfinite import nonfinite_message, resend_raw
+from .nonfinite import nonfinite_step
 from .planner import Planner
 from .reduce_rule import ReduceRule
 from .running_step import RunningStep
 from .selection import make_selector
+from .selection_check import SharedSelectionCheck
 from .server_memory import ServerResiduals
 from .statistics import StepStatistics
-from .step_plan import DENSE, ActionKind, BucketAction, StepPlan
+from .step_record import load_sync_state, step_record_of, sync_state_dict
+from .step_plan import ActionKind, BucketAction
 from .update_space import UpdateSpace
 
 if TYPE_CHECKING:      # the synchronizer only carries decisions out; it never imports the controllers
     from ..adapt.base import Controller, StepDecision
-
-logger = logging.getLogger("ds_gravac")
 
 
 class Synchronizer:
@@ -92,8 +90,7 @@ class Synchronizer:
         self.stats = StepStatistics(engine, self.world_size, channels.control, on_record, self.aggregate)
         self.backward_end_t = 0.0
         self.last_launch_times: dict[int, float] = {}
-        self._check_selection = callable(getattr(compressor, "indices", None))
-        self._selection_digests: list[int] = []
+        self.selection_check = SharedSelectionCheck(compressor, channels.control)
         self.hooks = HookManager(engine, [m.param for m in self.members], self._begin, self._ready, self._finish)
 
     # ---- plan -------------------------------------------------------------------------------------------
@@ -236,8 +233,7 @@ class Synchronizer:
             run.layouts[b] = lay
             ex = self.planner.pattern_of(action)(codec, lay, self.world_size, f"bucket {b} (compressed)",
                                                  self.config.bulk)
-            if self._check_selection:
-                self._selection_digests.append(codec.shared_selection_digest(action.levels))
+            self.selection_check.record(codec, action.levels)
             self._start(b, ex, lay.values_sent)
         else:
             ex = DenseAllReduce(self.rule, self.world_size, f"bucket {b} (dense)", flat=mem.scratch)
@@ -267,8 +263,7 @@ class Synchronizer:
                                   f"supported (parameter '{m.name}')")
         run.pending = [0] * len(run.pending)
         self._launch_prefix()
-        if self._check_selection and self._selection_digests:
-            self._check_shared_selection()
+        self.selection_check.check()
         if run.plan.decision.deferred:
             agreed = self._resolve_strict()
             self._issue_later_rounds(block=True)
@@ -315,7 +310,8 @@ class Synchronizer:
         """Wait for every bucket; commit and write back (finite step) or fall back to DeepSpeed's average."""
         run = self.running
         if agreed.nonfinite > 0:
-            return self._nonfinite_step(agreed)
+            return nonfinite_step(agreed, self.running, self.members, self.plan.buckets, self.config.nonfinite,
+                                  self.rule, self.world_size, self.channels.data_channels)
         comm_wait = decompress = writeback = 0.0
         scale = self.rule.output_scale
         collect = self.controller.collect if self.controller.collects_gradients(run.plan.step) else None
@@ -354,23 +350,6 @@ class Synchronizer:
         self.comp.step_committed(any(a.compressed for a in run.plan.actions))
         return {"comm_wait_s": comm_wait + run.round_wait_s, "decompress_s": decompress, "writeback_s": writeback}
 
-    def _nonfinite_step(self, agreed: AgreedStats) -> dict[str, float]:
-        """Some rank produced a NaN/Inf: nothing commits; every gradient is averaged exactly as DeepSpeed would,
-        so the user's own safeguards see what they would see without ds_gravac (or the configured error)."""
-        run = self.running
-        t1 = time.perf_counter()
-        for ex in run.exchanges.values():                 # issued on every rank: let them finish
-            ex.wait_all()
-        comm_wait = time.perf_counter() - t1
-        message = nonfinite_message(agreed, self.members, self.config.nonfinite)
-        if self.config.nonfinite == "raise":
-            raise GravacError(message)
-        logger.warning("%s; sent dense, ds_gravac state unchanged", message)
-        timings = resend_raw(self.plan.buckets, run.exchanges, self.rule, self.world_size,
-                             self.channels.data_channels, run.stats)
-        timings["comm_wait_s"] += comm_wait
-        return timings
-
     def _resolve_strict(self) -> AgreedStats:
         """Strict decision: blocking statistics exchange, resolve the branch, then send in plan order."""
         run = self.running
@@ -393,29 +372,11 @@ class Synchronizer:
 
     # ---- records ------------------------------------------------------------------------------------------
     def _publish(self, agreed: AgreedStats, timings: dict[str, float]) -> None:
-        run, st = self.running, self.running.stats
-        nonfinite = agreed.nonfinite > 0
-        if not nonfinite and not run.observed:
+        run = self.running
+        if agreed.nonfinite == 0 and not run.observed:
             self.controller.observe(agreed)
-        actions = run.plan.actions if not nonfinite else tuple(DENSE for _ in run.plan.actions)
-        compressed = [b for b, a in enumerate(actions) if a.compressed]
-        compressed_numel = sum(self.plan.buckets[b].numel for b in compressed)
-        dense_values = self.numel_total - compressed_numel
-        payload = sum(4 * run.layouts[b].payload_words for b in compressed) + dense_values * self.rule.comm_bytes_per_element
-        decision = run.plan.decision
-        rec = statvec.step_record(
-            step=run.plan.step, mode=self.config.mode, branch="dense" if nonfinite else str(decision.branch),
-            cf_sent=1.0 if nonfinite else decision.send_level, level_kind=self.comp.level_kind,
-            numel_total=self.numel_total,
-            values_sent=st.values_sent, bytes_sent=st.bytes_sent,
-            dense_bytes=ring_allreduce_bytes(4 * self.numel_total, self.world_size), payload_bytes=payload,
-            compressed_numel=compressed_numel, compressed_values=st.values_sent - dense_values,
-            nonfinite=int(agreed.nonfinite), t_iter_prev=self.stats.t_iter_last, probe_s=st.probe_s,
-            stage_s=st.stage_s, compress_s=st.compress_s, **timings, **self.controller.telemetry(),
-            **self.planner.selector.after_step(run, self.planner, nonfinite))
-        if run.plan.probes and agreed.den > 0 and not nonfinite:
-            rec.update({f"gain_raw@{p:g}": num / agreed.den for p, num in zip(run.plan.probes, agreed.nums)})
-        self.stats.step_done(run.plan.step, st, timings, rec)
+        rec = step_record_of(self, run, agreed, timings)
+        self.stats.step_done(run.plan.step, run.stats, timings, rec)
 
     @property
     def last_record(self) -> dict[str, Any]:
@@ -424,37 +385,12 @@ class Synchronizer:
     def pop_records(self) -> list[dict[str, Any]]:
         return self.stats.pop_records()
 
-    def _check_shared_selection(self) -> None:
-        """At the first compressed step: fail fast if ranks drew different shared indices (a seed/RNG mismatch)."""
-        digests, self._check_selection = self._selection_digests, False
-        check_agreement(stable_hash(repr(digests)), self.channels.control,
-                        "ranks selected different Random-k indices at the first compressed step (the shared "
-                        "random stream differs: check that every rank uses the same seed and library versions)")
-
     # ---- state and lifecycle ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Per-rank synchronizer state: the frozen bucket order, the error-feedback memory and the server
-        residuals of the partitions this rank owns (quantizers)."""
-        return {"bucket_order": list(self.plan.order) if self.plan.frozen else None,
-                "layout_signature": self.plan.layout_signature(), "memory": self.memory.state_dict(),
-                "server_residuals": self.server.state_dict(),
-                "aggregate_gain": self.aggregate.state_dict() if self.aggregate is not None else None}
+        return sync_state_dict(self)
 
     def load_state_dict(self, state: dict[str, Any], memory: bool = True) -> None:
-        order = state.get("bucket_order")
-        if order is not None and (not self.plan.frozen or list(self.plan.order) != list(order)):
-            self.rebuild(order)
-        if memory and state.get("memory") is not None:
-            self.memory.load_state_dict(state["memory"])
-            self.server.load_state_dict(state.get("server_residuals"))
-            if self.aggregate is not None:
-                self.aggregate.load_state_dict(state.get("aggregate_gain"))
-        else:
-            self.memory.reset()
-            self.server.reset()
-            if self.aggregate is not None:
-                self.aggregate.load_state_dict(None)
-        self.stats.reset_timing()
+        load_sync_state(self, state, memory)
 
     def drain(self) -> None:
         """Nothing is in flight between steps (each step's statistics are waited for at its end)."""
