@@ -73,15 +73,15 @@ def system_matrix(steps: int, epsilon: float = 0.7, theta_min: float = 10.0) -> 
         SystemSpec("gv_gravac_dgc_nomask", "gravac", {**gravac, "compressor": dgc_nomask, "min_compress_numel": 0},
                    "GraVAC over DGC with momentum_masking false"),
         *lowrank_systems(gravac, window),
-        *quantizer_systems(),
+        *quantizer_systems(gravac),
         *costmodel_systems(),
     ]
     return {s.id: s for s in specs}
 
 
-def quantizer_systems() -> list[SystemSpec]:
+def quantizer_systems(gravac: dict[str, Any]) -> list[SystemSpec]:
     """The quantizers in static mode at their own CF, over the parameter-server exchange (``_ps``) and, for 1-bit,
-    over all-gather for comparison; the half-precision cast."""
+    over all-gather for comparison; the half-precision cast; GraVAC over the grids of TernGrad and QSGD."""
     def quant(comp: Any, exchange: str = "ps") -> dict[str, Any]:
         return {"mode": "static", "compressor": comp, "quantized_exchange": exchange, "min_compress_numel": MIN_NUMEL}
     return [
@@ -91,6 +91,10 @@ def quantizer_systems() -> list[SystemSpec]:
         SystemSpec("gv_qsgd_ps", "gravac", quant("qsgd"), "QSGD 127 levels (8-bit codes), CaSync-PS"),
         SystemSpec("gv_fp16", "gravac", {"mode": "static", "compressor": "fp16", "min_compress_numel": MIN_NUMEL},
                    "fp16 all-reduce (pre-divided)"),
+        *[SystemSpec(f"gv_gravac_{comp}_ps", "gravac",
+                     {**gravac, "compressor": comp, "quantized_exchange": "ps", "theta_min": lo, "theta_max": hi},
+                     f"GraVAC over {comp}'s grid (CF {lo:g}→{hi:g}), CaSync-PS")
+          for comp, lo, hi in (("terngrad", 4, 32), ("qsgd", 4, 16))],
     ]
 
 
