@@ -22,6 +22,7 @@ class RunningStep:
     round_wait_s: float = 0.0                            # blocked on a round before issuing the next one
     stats: StepStats = field(default_factory=StepStats)
     exchanges: dict[int, Exchange] = field(default_factory=dict)
+    held: list[Exchange] = field(default_factory=list)  # bulk: encoded in this hook, issued together after it
     layouts: dict[int, SendLayout] = field(default_factory=dict)      # compressed buckets' sent layouts
     staged: dict[int, list[torch.Tensor]] = field(default_factory=dict)   # strict mode: inputs awaiting launch
     launch_t: dict[int, float] = field(default_factory=dict)

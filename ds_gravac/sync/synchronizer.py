@@ -152,10 +152,18 @@ class Synchronizer:
             self._issue_later_rounds(block=False)
 
     def _launch_prefix(self) -> None:
+        """Launch the ready buckets in plan order; with ``bulk``, buckets that one hook completed together are
+        staged and encoded back to back and their collectives issued together after the last encode."""
         run = self.running
         while run.next_b < len(run.pending) and run.pending[run.next_b] <= 0:
             self._launch(run.next_b)
             run.next_b += 1
+        self._issue_held()
+
+    def _issue_held(self) -> None:
+        for ex in self.running.held:
+            ex.launch(self.channels.data_channels)
+        self.running.held.clear()
 
     def _launch(self, b: int) -> None:
         run = self.running
@@ -241,7 +249,10 @@ class Synchronizer:
 
     def _start(self, b: int, ex: Exchange, values: int) -> None:
         run = self.running
-        ex.launch(self.channels.data_channels)
+        if self.config.bulk:
+            run.held.append(ex)
+        else:
+            ex.launch(self.channels.data_channels)
         run.exchanges[b] = ex
         run.stats.bytes_sent += ex.bytes_sent
         run.stats.values_sent += values
@@ -368,6 +379,7 @@ class Synchronizer:
                 lay, es = self.codecs[b].encode(run.staged[b], action.levels, (), ())
                 run.stats.compress_s += es.compress_s
             self._send_compressible(b, action, run.staged[b], lay)
+        self._issue_held()
         return agreed
 
     # ---- records ------------------------------------------------------------------------------------------
