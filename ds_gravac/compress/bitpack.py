@@ -6,18 +6,26 @@ function of its codes (bitwise-reproducible buffers, nothing left over from a re
 
 Why bytes: on a little-endian machine (every CPU and GPU PyTorch runs on in practice) byte ``k`` of a word
 buffer holds bits ``8·(k mod 4) …`` of word ``k // 4``, so packing ``8/b`` codes per byte and writing the
-bytes through a ``uint8`` view of the int32 words gives exactly the layout above. Temporaries are one byte per
-code (never int64), and the Python loops run over the ``≤ 8`` bit positions of a byte, never over elements.
+bytes through a ``uint8`` view of the int32 words gives exactly the layout above. Packing views the one-byte
+codes of a byte's group as a single wider integer (8 codes of 1 bit: an int64; 4 of 2 bits: an int32; 2 of 4
+bits: an int16) and folds them into its low byte with shifts and ORs: a handful of vectorized integer operations
+per byte, no per-bit strided passes, no temporaries wider than the codes.
 """
 from __future__ import annotations
 
 import sys
+from functools import lru_cache
 from typing import Optional
 
 import torch
 
 Tensor = torch.Tensor
 WIDTHS = (1, 2, 4, 8, 16)
+# one byte's group of codes seen as one integer, and the right shifts that fold it into its low byte
+_GROUP = {1: (torch.int64, (7, 14, 28)), 2: (torch.int32, (6, 12)), 4: (torch.int16, (4,))}
+# the inverse: (left shift, mask) steps that spread a byte held in that integer over its bytes, one code each
+_SPREAD = {1: ((28, 0x0000000F0000000F), (14, 0x0003000300030003), (7, 0x0101010101010101)),
+           2: ((12, 0x000F000F), (6, 0x03030303)), 4: ((4, 0x0F0F),)}
 
 if sys.byteorder != "little":   # pragma: no cover - no supported platform is big-endian
     raise ImportError("ds_gravac.compress.bitpack assumes a little-endian byte order")
@@ -59,16 +67,38 @@ def pack(codes: Tensor, bits: int, words: Tensor) -> None:
         return
     out = words.view(torch.uint8)
     per = 8 // bits
-    if per == 1:
-        out[:count].copy_(codes)
-        out[count:].zero_()
-        return
-    grid = torch.zeros(out.numel() * per, dtype=torch.uint8, device=codes.device)
+    used = -(-count // per)
+    grid = torch.zeros(used * per, dtype=torch.uint8, device=codes.device)
     grid[:count].copy_(codes)
-    grid = grid.view(-1, per)
-    out.copy_(grid[:, 0])
-    for j in range(1, per):   # bit positions within a byte, not elements
-        out.bitwise_or_(grid[:, j].bitwise_left_shift(j * bits))
+    pack_bytes(grid, bits, out[:used], torch.empty_like(grid))
+    out[used:].zero_()
+
+
+def pack_bytes(codes: Tensor, bits: int, out: Tensor, work: Tensor) -> None:
+    """Pack one-byte ``codes`` (a contiguous uint8 tensor of ``len(out)·8/bits`` codes, destroyed) into the uint8
+    tensor ``out``, ``8/bits`` codes per byte, LSB first; ``work`` is scratch of ``codes``' size."""
+    if bits == 8:
+        out.copy_(codes)
+        return
+    dtype, shifts = _GROUP[bits]
+    group = codes.view(dtype)
+    tmp = work.view(dtype)
+    for sh in shifts:   # code j of the group reaches bit j·bits of the low byte; higher bytes keep leftovers
+        torch.bitwise_right_shift(group, sh, out=tmp)
+        group.bitwise_or_(tmp)
+    out.copy_(group)    # narrowing keeps the low byte
+
+
+@lru_cache(maxsize=None)
+def byte_codes(bits: int, device: torch.device) -> Tensor:
+    """``[256, 8/bits]`` int64: row ``b`` lists the codes packed in byte ``b``, LSB first (for table decodes)."""
+    _check_width(bits)
+    if bits == 16:
+        raise ValueError("ds_gravac: 16-bit codes span two bytes")
+    per = 8 // bits
+    b = torch.arange(256, dtype=torch.int64)
+    shifts = torch.arange(per, dtype=torch.int64) * bits
+    return ((b[:, None] >> shifts) & ((1 << bits) - 1)).to(device)
 
 
 def unpack(words: Tensor, bits: int, count: int, out: Optional[Tensor] = None) -> Tensor:
@@ -83,15 +113,29 @@ def unpack(words: Tensor, bits: int, count: int, out: Optional[Tensor] = None) -
         if per == 1:
             codes = raw[:count]
         else:
-            mask = (1 << bits) - 1
-            grid = torch.empty(raw.numel(), per, dtype=torch.uint8, device=words.device)
-            for j in range(per):
-                torch.bitwise_and(raw.bitwise_right_shift(j * bits), mask, out=grid[:, j])
-            codes = grid.view(-1)[:count]
+            used = -(-count // per)
+            grid = torch.empty(used * per, dtype=torch.uint8, device=words.device)
+            unpack_bytes(raw[:used], bits, grid, torch.empty_like(grid))
+            codes = grid[:count]
     if out is None:
         return codes.clone() if codes.data_ptr() == words.data_ptr() else codes
     out.copy_(codes)
     return out
+
+
+def unpack_bytes(packed: Tensor, bits: int, out: Tensor, work: Tensor) -> None:
+    """Inverse of :func:`pack_bytes`: the ``len(packed)·8/bits`` one-byte codes of the uint8 ``packed`` into the
+    contiguous uint8 ``out``; ``work`` is scratch of ``out``'s size."""
+    if bits == 8:
+        out.copy_(packed)
+        return
+    dtype, _ = _GROUP[bits]
+    group = out.view(dtype)
+    tmp = work.view(dtype)
+    group.copy_(packed)       # one packed byte per group, in its low byte
+    for sh, mask in _SPREAD[bits]:
+        torch.bitwise_left_shift(group, sh, out=tmp)
+        group.bitwise_or_(tmp).bitwise_and_(mask)
 
 
 def unpack_rows(rows: Tensor, bits: int, count: int) -> Tensor:

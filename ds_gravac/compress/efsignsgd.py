@@ -36,6 +36,7 @@ class EFSignSGD(OwnMemoryQuantizer):
     name = "efsignsgd"
     Params = EFSignSGDParams
     GRID = (32.0,)
+    CODES = signbits.BITS
     update_space = True
     memory_slots = ("e",)
     input_slot = "e"
@@ -62,12 +63,14 @@ class EFSignSGD(OwnMemoryQuantizer):
     def sections(self, numel: int, theta: float) -> tuple[Section, ...]:
         return signbits.sections(numel, 1)
 
-    def encode(self, x: Tensor, plan: TensorPlan, out: Payload, ctx: CompressCtx, server: bool) -> None:
-        signbits.encode_mean_abs(x, out)
+    def code_bits(self, plan: TensorPlan) -> int:
+        return 1
 
-    def decompress(self, p: Payload, out: Tensor, accumulate: bool, scale: float,
-                   ctx: Optional[CompressCtx] = None) -> None:
-        signbits.decode_mean_abs(p, out, accumulate, scale)
+    def encode(self, x: Tensor, plan: TensorPlan, out: Payload, ctx: CompressCtx, server: bool) -> None:
+        signbits.encode_mean_abs(x, out, self.ws)
+
+    def code_levels(self, p: Payload, dtype: torch.dtype, scale: float) -> Tensor:
+        return signbits.mean_abs_levels(p, dtype, scale)
 
     def sent_sq_norm(self, p: Payload, ctx: Optional[CompressCtx] = None) -> Tensor:
         return signbits.mean_abs_sq_norm(p)

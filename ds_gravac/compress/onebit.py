@@ -33,6 +33,7 @@ class OneBit(Quantizer):
     name = "onebit"
     Params = OneBitParams
     GRID = (32.0,)
+    CODES = signbits.BITS
 
     @property
     def two_means(self) -> bool:
@@ -41,18 +42,17 @@ class OneBit(Quantizer):
     def sections(self, numel: int, theta: float) -> tuple[Section, ...]:
         return signbits.sections(numel, 2 if self.two_means else 1)
 
+    def code_bits(self, plan: TensorPlan) -> int:
+        return 1
+
     def encode(self, x: Tensor, plan: TensorPlan, out: Payload, ctx: CompressCtx, server: bool) -> None:
         if self.two_means:
-            signbits.encode_two_means(x, out)
+            signbits.encode_two_means(x, out, self.ws)
         else:
-            signbits.encode_mean_abs(x, out)
+            signbits.encode_mean_abs(x, out, self.ws)
 
-    def decompress(self, p: Payload, out: Tensor, accumulate: bool, scale: float,
-                   ctx: Optional[CompressCtx] = None) -> None:
-        if self.two_means:
-            signbits.decode_two_means(p, out, accumulate, scale)
-        else:
-            signbits.decode_mean_abs(p, out, accumulate, scale)
+    def code_levels(self, p: Payload, dtype: torch.dtype, scale: float) -> Tensor:
+        return (signbits.two_means_levels if self.two_means else signbits.mean_abs_levels)(p, dtype, scale)
 
     def sent_sq_norm(self, p: Payload, ctx: Optional[CompressCtx] = None) -> Tensor:
         return signbits.two_means_sq_norm(p) if self.two_means else signbits.mean_abs_sq_norm(p)

@@ -20,8 +20,8 @@ from pydantic import Field
 
 from . import bitpack
 from .base import CompressCtx, CompressorParams, Payload, Section, TensorPlan
-from .quantize import (FP32_MAX, STREAM_QSGD, Quantizer, as_compute, ceil_div, codes_from, emit, safe_rows_norm,
-                       stochastic_floor)
+from .qkernels import AffineDecoder, chunk_size, encode_blocks
+from .quantize import FP32_MAX, STREAM_QSGD, Quantizer, ceil_div
 
 Tensor = torch.Tensor
 LEVELS_FOR_CF = {16.0: 1, 8.0: 7, 4.0: 127}
@@ -58,37 +58,53 @@ class QSGD(Quantizer):
         s = LEVELS_FOR_CF[theta]
         return (("levels", s), ("width", code_width(s)))
 
-    def _blocks(self, x: Tensor) -> Tensor:
-        """``x`` as ``[blocks, B]`` rows, the last one zero-padded (a view when no padding is needed)."""
-        b = self.params.bucket_size
-        nb = ceil_div(x.numel(), b)
-        if nb * b == x.numel():
-            return x.view(nb, b)
-        rows = x.new_zeros(nb * b)
-        rows[:x.numel()].copy_(x)
-        return rows.view(nb, b)
+    def code_bits(self, plan: TensorPlan) -> int:
+        return plan.get("width")
 
     def encode(self, x: Tensor, plan: TensorPlan, out: Payload, ctx: CompressCtx, server: bool) -> None:
-        s, width = plan.get("levels"), plan.get("width")
-        rows = self._blocks(x)
-        out["norms"].copy_(safe_rows_norm(rows).clamp(max=FP32_MAX))
-        nu = as_compute(out["norms"], x)[:, None]
-        u = self.uniform(x, ctx, STREAM_QSGD, server, count=rows.numel()).view_as(rows)
-        level = stochastic_floor(rows.abs() * s / nu, u)
-        q = codes_from(torch.where(nu > 0, level, 0.0), s)        # NaN/inf positions (non-finite input) → 0
-        code = torch.where(rows < 0, -q, q).add_(s).view(-1)[:x.numel()]
-        bitpack.pack(code, width, out["codes"])
+        s = plan.get("levels")
+        b, n = self.params.bucket_size, x.numel()
+        norms = out["norms"]
+        gen = self.stream(x, ctx, STREAM_QSGD, server)
+        step = chunk_size(b)
+        span = min(step, ceil_div(n, b) * b)
+        pad, mag, val, neg = (self.ws.get(name, span, x.dtype, x.device)
+                              for name in ("qs_pad", "qs_mag", "qs_val", "qs_neg"))
 
-    def decompress(self, p: Payload, out: Tensor, accumulate: bool, scale: float,
-                   ctx: Optional[CompressCtx] = None) -> None:
-        s, width, n = p.plan.get("levels"), p.plan.get("width"), p.plan.numel
-        b = self.params.bucket_size
-        nb = p["norms"].numel()
-        step = as_compute(p["norms"], out) * (scale / s)
-        code = torch.zeros(nb * b, dtype=out.dtype, device=out.device)
-        bitpack.unpack(p["codes"], width, n, out=code[:n])
-        vals = (code.view(nb, b) - s).mul_(step[:, None]).view(-1)[:n]
-        emit(out, vals, accumulate)
+        def codes(lo: int, hi: int) -> Tensor:
+            m, r0 = hi - lo, lo // b
+            r = ceil_div(m, b)
+            xr = x[lo:hi]
+            if r * b != m:                                   # the last block, zero-padded
+                xr = pad[:r * b]
+                xr[:m].copy_(x[lo:hi])
+                xr[m:].zero_()
+            xr = xr.view(r, b)
+            a = torch.abs(xr, out=mag[:r * b].view(r, b))
+            norms[r0:r0 + r].copy_(rows_norm(xr, a, val[:r * b].view(r, b)).clamp_(max=FP32_MAX))
+            nu = norms[r0:r0 + r].to(x.dtype)[:, None]      # the stored values, as the decoder sees them
+            nu = torch.where(nu > 0, nu, float("nan"))      # an empty block: NaN levels, sent as code 0
+            u = self.draws(gen, r * b, x.device).view(r, b)
+            q = torch.addcdiv(u, a, nu, value=s, out=val[:r * b].view(r, b)).floor_()   # ⌊|x|·s/ν + u⌋
+            q.nan_to_num_(0.0).clamp_(0, s)
+            code = torch.addcmul(q, q, torch.lt(xr, 0, out=neg[:r * b].view(r, b)), value=-2, out=q)   # ±q
+            return code.add_(s).view(-1)[:m]                # offset binary
+
+        encode_blocks(n, plan.get("width"), out["codes"], step, codes, self.ws)
+
+    def decoder(self, p: Payload, dtype: torch.dtype, scale: float) -> AffineDecoder:
+        """``(code − s)·ν·scale/s`` per block of B elements."""
+        s = p.plan.get("levels")
+        return AffineDecoder(p.plan.get("width"), -float(s), p["norms"].to(dtype) * (scale / s),
+                             block=self.params.bucket_size)
+
+
+def rows_norm(rows: Tensor, mag: Tensor, work: Tensor) -> Tensor:
+    """Euclidean norm of each row without overflow or underflow of the squares (scaled by the row's max |x|);
+    ``mag`` holds ``|rows|``, ``work`` is scratch of the same shape."""
+    m = mag.amax(dim=1)
+    unit = torch.where(m > 0, m, torch.ones_like(m))
+    return m * torch.linalg.vector_norm(torch.div(rows, unit[:, None], out=work), dim=1)
 
 
 __all__ = ["QSGD", "QSGDParams", "code_width", "LEVELS_FOR_CF"]

@@ -32,8 +32,10 @@ from typing import ClassVar, Optional, Sequence
 
 import torch
 
+from . import qkernels
 from .base import (CompressCtx, Compressor, CompressorParams, Kind, Payload, Section, TensorPlan, mix_seed,
                    stable_hash)
+from .qkernels import Workspace
 
 Tensor = torch.Tensor
 
@@ -57,11 +59,13 @@ class Quantizer(Compressor):
     level_kind = "cf"
     gain_kind = "none"
     GRID: ClassVar[tuple[float, ...]] = (32.0,)
+    CODES: ClassVar[str] = "codes"     # the payload section holding the packed codes
 
     def __init__(self, params: Optional[CompressorParams] = None) -> None:
         super().__init__(params)
         self._hashes: dict[str, int] = {}
         self._gens: dict[tuple[str, int], torch.Generator] = {}
+        self.ws = Workspace()         # per-call scratch of the block kernels (ds_gravac.compress.qkernels)
 
     # ---- levels and plans -----------------------------------------------------------------------------
     def cf_grid(self) -> Optional[list[float]]:
@@ -110,12 +114,13 @@ class Quantizer(Compressor):
         gen.manual_seed(mix_seed(ctx.seed, ctx.step, h, sid, ctx.rank))
         return gen
 
-    def uniform(self, x: Tensor, ctx: CompressCtx, stream: int, server: bool, count: Optional[int] = None
-                ) -> Tensor:
-        """``count`` (default ``x.numel()``) fp32 draws from ``U[0, 1)`` on x's device."""
-        gen = self.stream(x, ctx, stream, server)
-        return torch.rand(x.numel() if count is None else count, generator=gen, device=x.device,
-                          dtype=torch.float32)
+    def scratch(self, x: Tensor, step: int, *names: str) -> list[Tensor]:
+        """One reusable block buffer per name, ``min(step, len(x))`` elements of x's dtype on x's device."""
+        return [self.ws.get(name, min(step, x.numel()), x.dtype, x.device) for name in names]
+
+    def draws(self, gen: torch.Generator, count: int, device: torch.device) -> Tensor:
+        """The next ``count`` draws of ``gen`` (those ``torch.rand`` would give), in a reused fp32 buffer."""
+        return qkernels.uniform_(gen, self.ws.get("u", count, torch.float32, device), self.ws)
 
     # ---- encode / decode ----------------------------------------------------------------------------------
     def encode(self, x: Tensor, plan: TensorPlan, out: Payload, ctx: CompressCtx, server: bool) -> None:
@@ -134,15 +139,36 @@ class Quantizer(Compressor):
         """Re-encode the owner's merged partition ``y`` (never mutates; default: the worker encoding)."""
         self.encode(y.detach().reshape(-1), plan, out, ctx, server=True)
 
+    # ---- decoding (ds_gravac.compress.qkernels) ----------------------------------------------------------
+    def code_bits(self, plan: TensorPlan) -> int:
+        """Width of the packed codes of section :attr:`CODES`."""
+        raise NotImplementedError
+
+    def code_levels(self, p: Payload, dtype: torch.dtype, scale: float) -> Tensor:
+        """The ``2^bits`` values code ``c`` decodes to (times ``scale``), in ``dtype``, computed with exactly the
+        arithmetic an elementwise decode would use, so a table decode is bitwise the same."""
+        raise NotImplementedError
+
+    def decoder(self, p: Payload, dtype: torch.dtype, scale: float) -> qkernels.Decoder:
+        """How ``scale·D(p)`` is written block by block (default: a table of :meth:`code_levels`)."""
+        return qkernels.TableDecoder(self.code_levels(p, dtype, scale), self.code_bits(p.plan))
+
+    def decode_sum(self, payloads: Sequence[Payload], out: Tensor, scale: float, mode: str,
+                   residual: Optional[Tensor] = None) -> None:
+        """``out (=|= 0 +|+=) scale·Σ_w D(p_w) (+ residual)`` in rank order (modes of
+        :func:`ds_gravac.compress.qkernels.decode_sum`): one sweep over ``out`` for all the payloads."""
+        decoders = [self.decoder(p, out.dtype, scale) for p in payloads]
+        qkernels.decode_sum(decoders, [p[self.CODES].view(torch.uint8) for p in payloads], payloads[0].plan.numel,
+                            out.reshape(-1), mode, self.ws, residual)
+
+    def decompress(self, p: Payload, out: Tensor, accumulate: bool, scale: float,
+                   ctx: Optional[CompressCtx] = None) -> None:
+        self.decode_sum([p], out, scale, "add" if accumulate else "set")
+
     def merge_decode(self, payloads: Sequence[Payload], y: Tensor, ctx: CompressCtx,
                      server_residual: Optional[Tensor] = None) -> None:
-        """The owner's merge: ``y = (1/N)·Σ_w D(p_w) (+ s)``, ``N = len(payloads)``."""
-        inv = 1.0 / len(payloads)
-        y.zero_()
-        for p in payloads:   # one fused decode-accumulate per rank
-            self.decompress(p, y, accumulate=True, scale=inv, ctx=ctx)
-        if server_residual is not None:
-            y.add_(server_residual)
+        """The owner's merge: ``y = (1/N)·Σ_w D(p_w) (+ s)``, ``N = len(payloads)``, in one sweep."""
+        self.decode_sum(payloads, y, 1.0 / len(payloads), "zero", server_residual)
 
     def server_commit(self, y: Tensor, q: Payload, ctx: CompressCtx) -> None:
         """Turn the merged partition ``y`` in place into the server residual left after sending ``q``:
@@ -214,40 +240,6 @@ def put_header(view: Tensor, *values: Tensor) -> None:
     view.copy_(torch.stack([v.reshape(()).to(view.dtype) for v in values]))
 
 
-def as_compute(header: Tensor, like: Tensor) -> Tensor:
-    """Header values in the dtype decode/encode arithmetic uses (the output's), so both sides agree."""
-    return header.to(like.dtype if like.is_floating_point() else torch.float32)
-
-
-def mean_abs(x: Tensor) -> Tensor:
-    """``‖x‖₁/n`` accumulated in float64: finite for any finite fp32 input (an fp32 sum can overflow)."""
-    return x.abs().sum(dtype=torch.float64) / x.numel()
-
-
-def safe_rows_norm(rows: Tensor) -> Tensor:
-    """Euclidean norm of each row without overflow or underflow of the squares (scaled by the row max)."""
-    m = rows.abs().amax(dim=1)
-    unit = torch.where(m > 0, m, torch.ones_like(m))
-    return m * torch.linalg.vector_norm(rows / unit[:, None], dim=1)
-
-
-def safe_std(x: Tensor) -> Tensor:
-    """Population standard deviation (0 for one element) without overflow of the squares."""
-    m = x.abs().amax()
-    unit = torch.where(m > 0, m, torch.ones_like(m))
-    return m * torch.std(x / unit, correction=0)
-
-
-def stochastic_floor(v: Tensor, u: Optional[Tensor]) -> Tensor:
-    """``floor(v + u)`` (unbiased rounding with ``u ~ U[0, 1)``) or, with ``u = None``, round half up."""
-    return torch.floor(v + (u if u is not None else 0.5))
-
-
-def codes_from(v: Tensor, top: int) -> Tensor:
-    """Clamp real-valued code positions to ``[0, top]`` (NaN → 0) and make them integers for packing."""
-    return torch.nan_to_num(v, nan=0.0, posinf=float(top), neginf=0.0).clamp_(0, top).to(torch.int32)
-
-
 def theta_bits(theta: float) -> int:
     """Bit width of a nominal CF ``32/bits``."""
     return int(round(32.0 / theta))
@@ -257,6 +249,5 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-__all__ = ["Quantizer", "OwnMemoryQuantizer", "external_ef_commit", "emit", "put_header", "as_compute",
-           "mean_abs", "safe_rows_norm", "safe_std", "stochastic_floor", "codes_from", "theta_bits", "ceil_div",
+__all__ = ["Quantizer", "OwnMemoryQuantizer", "external_ef_commit", "emit", "put_header", "theta_bits", "ceil_div",
            "STREAM_TERNGRAD", "STREAM_TERNARY", "STREAM_QSGD", "SERVER_STREAM", "FP32_MAX"]

@@ -2,7 +2,7 @@
 
 Workers send ``b_i = [x_i ≥ 0]`` (``int32[ceil(L/32)]``, no header, no error feedback). The owner of a partition
 does not average decodes: :meth:`SignSGD.merge_decode` writes the vote count ``v_i = Σ_w (2·b_{w,i} − 1)``
-(exact small integers), and :meth:`SignSGD.server_encode` sends the sign bits of ``v`` — the majority, a tie
+(exact small integers, the sum of the ±1 decodes), and :meth:`SignSGD.server_encode` sends the sign bits of ``v`` — the majority, a tie
 ``v_i = 0`` counting as +1 like a zero input (ties only occur for an even number of ranks). Everyone then
 decodes ``G_i = ±1``: the learning rate alone sets the step length, so it is meant for plain SGD in static mode
 (no gain is defined). θ = 32.
@@ -30,23 +30,27 @@ class SignSGD(Quantizer):
     name = "signsgd"
     Params = SignSGDParams
     GRID = (32.0,)
+    CODES = signbits.BITS
 
     def sections(self, numel: int, theta: float) -> tuple[Section, ...]:
         return signbits.sections(numel, 0)
 
-    def encode(self, x: Tensor, plan: TensorPlan, out: Payload, ctx: CompressCtx, server: bool) -> None:
-        signbits.encode_signs(x, out)
+    def code_bits(self, plan: TensorPlan) -> int:
+        return 1
 
-    def decompress(self, p: Payload, out: Tensor, accumulate: bool, scale: float,
-                   ctx: Optional[CompressCtx] = None) -> None:
-        signbits.decode_levels(p, -1.0, 1.0, out, accumulate, scale)
+    def encode(self, x: Tensor, plan: TensorPlan, out: Payload, ctx: CompressCtx, server: bool) -> None:
+        signbits.encode_signs(x, out, self.ws)
+
+    def code_levels(self, p: Payload, dtype: torch.dtype, scale: float) -> Tensor:
+        return signbits.levels(-1.0, 1.0, dtype, p.words.device, scale)
 
     def merge_decode(self, payloads: Sequence[Payload], y: Tensor, ctx: CompressCtx,
                      server_residual: Optional[Tensor] = None) -> None:
-        """``y = v = Σ_w (2·b_w − 1)``, the vote count (not divided by N; ``server_residual`` must be None)."""
+        """``y = v = Σ_w (2·b_w − 1)``, the vote count (not divided by N; ``server_residual`` must be None): the
+        sum of the ±1 decodes, exact small integers."""
         if server_residual is not None:
             raise ValueError("ds_gravac: signsgd keeps no server residual")
-        signbits.vote_count(payloads, y)
+        self.decode_sum(payloads, y, 1.0, "zero")
 
     def sent_sq_norm(self, p: Payload, ctx: Optional[CompressCtx] = None) -> Tensor:
         return torch.tensor(float(p.plan.numel), dtype=torch.float64, device=p.words.device)

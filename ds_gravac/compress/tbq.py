@@ -16,7 +16,8 @@ from pydantic import Field
 
 from . import bitpack
 from .base import CompressCtx, CompressorParams, Payload, Section, TensorPlan
-from .quantize import OwnMemoryQuantizer, emit
+from .qkernels import AffineDecoder, chunk_size, encode_blocks
+from .quantize import OwnMemoryQuantizer
 
 Tensor = torch.Tensor
 
@@ -38,17 +39,23 @@ class TBQ(OwnMemoryQuantizer):
     def sections(self, numel: int, theta: float) -> tuple[Section, ...]:
         return (Section("codes", torch.int32, bitpack.packed_words(numel, 2)),)
 
+    def code_bits(self, plan: TensorPlan) -> int:
+        return 2
+
     def encode(self, x: Tensor, plan: TensorPlan, out: Payload, ctx: CompressCtx, server: bool) -> None:
         tau = self.params.tau
-        up = (x >= tau).to(torch.uint8)
-        stay = (x > -tau).to(torch.uint8)
-        bitpack.pack(up + stay, 2, out["codes"])      # 2 if x ≥ τ, 1 if −τ < x < τ, 0 if x ≤ −τ (NaN → 0)
+        step = chunk_size()
+        up, stay = self.scratch(x, step, "tbq_up", "tbq_stay")
 
-    def decompress(self, p: Payload, out: Tensor, accumulate: bool, scale: float,
-                   ctx: Optional[CompressCtx] = None) -> None:
-        q = bitpack.unpack(p["codes"], 2, p.plan.numel)
-        step = torch.tensor(self.params.tau, dtype=out.dtype, device=out.device) * scale
-        emit(out, (q.to(out.dtype) - 1).mul_(step), accumulate)
+        def codes(lo: int, hi: int) -> Tensor:   # 2 if x ≥ τ, 1 if −τ < x < τ, 0 if x ≤ −τ (NaN → 0)
+            xc, m = x[lo:hi], hi - lo
+            return torch.ge(xc, tau, out=up[:m]).add_(torch.gt(xc, -tau, out=stay[:m]))
+
+        encode_blocks(x.numel(), 2, out["codes"], step, codes, self.ws)
+
+    def decoder(self, p: Payload, dtype: torch.dtype, scale: float) -> AffineDecoder:
+        """``(q − 1)·τ·scale``."""
+        return AffineDecoder(2, -1.0, torch.tensor(self.params.tau, dtype=dtype, device=p.words.device) * scale)
 
     def sent_sq_norm(self, p: Payload, ctx: Optional[CompressCtx] = None) -> Tensor:
         moved = (bitpack.unpack(p["codes"], 2, p.plan.numel) != 1).sum().double()

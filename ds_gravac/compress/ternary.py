@@ -1,8 +1,8 @@
 """``ternary``: the original TernGrad, three levels ``{−s, 0, s}`` per partition.
 
 Optional gradient clipping first (``clip_sigma``, default 2.5; 0 = off): ``x ← clamp(x, −c, c)`` with
-``c = clip_sigma·std(x)`` (population standard deviation; a partition with zero spread is left unclipped, since it
-has no outliers and clipping at 0 would erase it). The clipped part is lost unless ``error_feedback`` is on (the
+``c = clip_sigma·std(x)`` (population standard deviation, accumulated in float64; a partition with zero spread is
+left unclipped, since it has no outliers and clipping at 0 would erase it). The clipped part is lost unless ``error_feedback`` is on (the
 residual is taken against the unclipped input). Then ``s = max|x|`` and ``t_i = sign(x_i)·Bernoulli(|x_i|/s)``
 from the rank-local stream, decoded ``s·t_i`` — unbiased for the clipped x. Payload ``scale: fp32[1]`` + 2-bit
 codes (0 → 0, 1 → +1, 2 → −1); θ = 16. The paper's per-layer scaler is per partition here.
@@ -16,7 +16,8 @@ from pydantic import Field
 
 from . import bitpack
 from .base import CompressCtx, CompressorParams, Payload, Section, TensorPlan
-from .quantize import STREAM_TERNARY, Quantizer, as_compute, emit, put_header, safe_std
+from .qkernels import AffineDecoder, chunk_size, encode_blocks, std64
+from .quantize import STREAM_TERNARY, Quantizer, put_header
 
 Tensor = torch.Tensor
 
@@ -37,28 +38,40 @@ class Ternary(Quantizer):
     def sections(self, numel: int, theta: float) -> tuple[Section, ...]:
         return (Section("scale", torch.float32, 1), Section("codes", torch.int32, bitpack.packed_words(numel, 2)))
 
-    def clip(self, x: Tensor) -> Tensor:
-        """The clipped input the codes are unbiased for (``x`` itself when clipping is off)."""
+    def code_bits(self, plan: TensorPlan) -> int:
+        return 2
+
+    def clip_bound(self, x: Tensor) -> Optional[Tensor]:
+        """``c = clip_sigma·std(x)`` in x's dtype (std in float64), ``inf`` for zero spread; None when off."""
         if self.params.clip_sigma == 0:
-            return x
-        c = self.params.clip_sigma * safe_std(x)
-        c = torch.where(c > 0, c, torch.full_like(c, float("inf")))
-        return torch.clamp(x, -c, c)
+            return None
+        c = self.params.clip_sigma * std64(x, self.ws).to(x.dtype)
+        return torch.where(c > 0, c, torch.full_like(c, float("inf")))
 
     def encode(self, x: Tensor, plan: TensorPlan, out: Payload, ctx: CompressCtx, server: bool) -> None:
-        xc = self.clip(x)
-        put_header(out["scale"], xc.abs().amax())
-        s = as_compute(out["scale"][0], x)
-        u = self.uniform(x, ctx, STREAM_TERNARY, server)
-        keep = ((u < xc.abs() / s) & (s > 0)).to(torch.uint8)
-        codes = keep.bitwise_left_shift((xc < 0).to(torch.uint8))   # 0, +1 → 1, −1 → 2 (one byte each)
-        bitpack.pack(codes, 2, out["codes"])
+        c = self.clip_bound(x)
+        lo_x, hi_x = torch.aminmax(x)
+        top = torch.maximum(lo_x.abs(), hi_x.abs())                # max |x|
+        put_header(out["scale"], top if c is None else torch.minimum(top, c))   # = max |clamp(x, −c, c)|
+        s = out["scale"][0].to(x.dtype)
+        gen = self.stream(x, ctx, STREAM_TERNARY, server)
+        step = chunk_size()
+        ratio, neg = self.scratch(x, step, "ter_ratio", "ter_neg")
 
-    def decompress(self, p: Payload, out: Tensor, accumulate: bool, scale: float,
-                   ctx: Optional[CompressCtx] = None) -> None:
-        s = as_compute(p["scale"][0], out) * scale
-        c = bitpack.unpack(p["codes"], 2, p.plan.numel)
-        emit(out, torch.where(c == 1, s, torch.where(c == 2, -s, torch.zeros_like(s))), accumulate)
+        def codes(lo: int, hi: int) -> Tensor:   # 0, +1 → 1, −1 → 2
+            xc, m = x[lo:hi], hi - lo
+            r = torch.abs(xc, out=ratio[:m])
+            if c is not None:
+                r.clamp_(max=c)                                   # |clamp(x, −c, c)|
+            r.div_(s)                                             # s = 0 or NaN: NaN, never kept
+            keep = torch.lt(self.draws(gen, m, x.device), r, out=r)     # Bernoulli(|x_c|/s)
+            return keep.addcmul_(keep, torch.lt(xc, 0, out=neg[:m]))
+
+        encode_blocks(x.numel(), 2, out["codes"], step, codes, self.ws)
+
+    def decoder(self, p: Payload, dtype: torch.dtype, scale: float) -> AffineDecoder:
+        """Codes 0, 1, 2 (and the unused 3) decode to ``0, s, −s, 0`` times ``scale``."""
+        return AffineDecoder(2, 0.0, p["scale"][0].to(dtype) * scale, fold=True)
 
     def sent_sq_norm(self, p: Payload, ctx: Optional[CompressCtx] = None) -> Tensor:
         nz = (bitpack.unpack(p["codes"], 2, p.plan.numel) != 0).sum().double()

@@ -20,8 +20,8 @@ import torch
 
 from . import bitpack
 from .base import CompressCtx, CompressorParams, Payload, Section, TensorPlan
-from .quantize import (FP32_MAX, STREAM_TERNGRAD, Quantizer, as_compute, codes_from, emit, put_header,
-                       stochastic_floor, theta_bits)
+from .qkernels import chunk_size, encode_blocks
+from .quantize import FP32_MAX, STREAM_TERNGRAD, Quantizer, put_header, theta_bits
 
 Tensor = torch.Tensor
 
@@ -55,27 +55,43 @@ class TernGrad(Quantizer):
     def plan_extra(self, theta: float) -> tuple[tuple[str, object], ...]:
         return (("bits", theta_bits(theta)),)
 
+    def code_bits(self, plan: TensorPlan) -> int:
+        return plan.get("bits")
+
     def encode(self, x: Tensor, plan: TensorPlan, out: Payload, ctx: CompressCtx, server: bool) -> None:
         bits = plan.get("bits")
         top = (1 << bits) - 1
         lo_x, hi_x = torch.aminmax(x)
         put_header(out["range"], lo_x, hi_x)
-        rng = as_compute(out["range"], x)          # the stored fp32 values, as the decoder sees them
+        rng = out["range"].to(x.dtype)             # the stored fp32 values, as the decoder sees them
         lo, hi = rng[0], rng[1]
         gap = _gap(lo, hi, top)
-        u = self.uniform(x, ctx, STREAM_TERNGRAD, server) if self.params.stochastic else None
-        v = stochastic_floor((x * 0.5 - lo * 0.5) / (gap * 0.5), u)   # halves: x − lo may exceed fp32
-        v = torch.where(x >= hi, float(top), v)
-        v = torch.where((x <= lo) | (gap == 0), 0.0, v)
-        bitpack.pack(codes_from(v, top), bits, out["codes"])
+        neg_half_lo, half_gap = lo * -0.5, gap * 0.5
+        floor = torch.where(gap == 0, float("inf"), lo)       # nothing is above it when gap = 0
+        pin = torch.tensor(top + 1.0, dtype=x.dtype, device=x.device)
+        gen = self.stream(x, ctx, STREAM_TERNGRAD, server) if self.params.stochastic else None
+        step = chunk_size()
+        val, mask = self.scratch(x, step, "tg_val", "tg_mask")
 
-    def decompress(self, p: Payload, out: Tensor, accumulate: bool, scale: float,
-                   ctx: Optional[CompressCtx] = None) -> None:
-        bits = p.plan.get("bits")
-        top = (1 << bits) - 1
-        rng = as_compute(p["range"], out)
+        def codes(a: int, b: int) -> Tensor:
+            xc, m = x[a:b], b - a
+            v = torch.mul(xc, 0.5, out=val[:m]).add_(neg_half_lo)          # x/2 − lo/2 (halves: x − lo may
+            if gen is None:                                                # exceed fp32)
+                v.div_(half_gap).add_(0.5)
+            else:
+                torch.addcdiv(self.draws(gen, m, x.device), v, half_gap, out=v)
+            v.floor_()                                                     # ⌊(x − lo)/gap + u⌋
+            v.addcmul_(torch.ge(xc, hi, out=mask[:m]), pin)                # x ≥ hi → top (after the clamp)
+            v.mul_(torch.gt(xc, floor, out=mask[:m]))                      # x ≤ lo or gap = 0 → 0
+            return v.nan_to_num_(0.0).clamp_(0, top)
+
+        encode_blocks(x.numel(), bits, out["codes"], step, codes, self.ws)
+
+    def code_levels(self, p: Payload, dtype: torch.dtype, scale: float) -> Tensor:
+        top = (1 << p.plan.get("bits")) - 1
+        rng = p["range"].to(dtype)
         lo, hi = rng[0], rng[1]
-        q = bitpack.unpack(p["codes"], bits, p.plan.numel)
+        q = torch.arange(top + 1, dtype=dtype, device=p.words.device)
         half_gap = _gap(lo, hi, top) * 0.5
-        vals = torch.where(q == top, hi, (q.to(out.dtype) * half_gap).add_(lo * 0.5).mul_(2.0))
-        emit(out, vals.mul_(scale) if scale != 1.0 else vals, accumulate)
+        vals = torch.where(q == top, hi, (q * half_gap).add_(lo * 0.5).mul_(2.0))
+        return vals.mul_(scale) if scale != 1.0 else vals
