@@ -33,15 +33,24 @@ def initialize(*args: Any, gravac: Any = None, **kwargs: Any) -> tuple:
 
     Before DeepSpeed broadcasts the parameters, the ranks compare their parameter lists: a model that differs
     between ranks is a clear error on every rank instead of a gloo size mismatch or a hang inside DeepSpeed."""
+    return _initialize(args, kwargs, gravac, require_section=True)
+
+
+def _initialize(args: tuple, kwargs: dict, gravac: Any, require_section: bool) -> tuple:
+    """``initialize``; with ``require_section`` false (``ds_gravac.launch``), an engine whose config has no
+    ``"gravac"`` section is returned untouched instead of refused."""
     from .integration.engine import NO_SECTION, _resolve_section
-    from .integration.init_check import check_models_before_broadcast
+    from .integration.init_check import check_models_before_broadcast, declares_gravac
     ds_initialize = _deepspeed_initialize()
-    check_models_before_broadcast(ds_initialize, args, kwargs)
+    if require_section or gravac is not None or declares_gravac(ds_initialize, args, kwargs):
+        check_models_before_broadcast(ds_initialize, args, kwargs)
     result = ds_initialize(*args, **kwargs)
     engine = result[0]
     try:
         _resolve_section(engine, gravac)
     except GravacConfigError:
+        if not require_section:
+            return result
         raise GravacConfigError(NO_SECTION) from None
     attach(engine, config=gravac)
     return result

@@ -1,0 +1,288 @@
+"""Cache-blocked kernels shared by the quantizers: encode and decode a partition in a few memory passes.
+
+Why blocks. In eager PyTorch every operation over a partition is a pass over memory, and a fresh multi-MB
+temporary costs about ten passes more in page faults (measured on the 2-core EPYC of ``docs/BENCHMARKS.md`` §1),
+so the straightforward encoders spent 20–35 passes. Here a partition is processed in *chunks* of about
+:data:`CHUNK` elements through buffers that a :class:`Workspace` reuses across calls: the input is read from
+memory once per sweep, every intermediate stays in cache, and nothing large is allocated per call.
+
+Why these operations. Comparisons are taken into float outputs (``torch.ge(x, 0, out=f32)`` is vectorized, the
+bool form is not, 5× slower), narrowing goes float → int32 → uint8 (float → uint8 is not vectorized), float64
+accumulation copies a chunk into a float64 buffer before summing (``sum(dtype=float64)`` converts far slower), and
+decoding gathers rows of a small per-payload table: row ``b`` of a ``[256, 8/bits]`` table holds the decoded
+values of the codes packed in byte ``b``, computed with the codec's own decode arithmetic, so a table decode is
+bitwise the elementwise one. Stochastic rounding draws with :func:`uniform_`, torch's CPU stream at half the
+generator calls.
+"""
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import Callable, Iterator, Optional, Sequence
+
+import torch
+
+from . import bitpack
+
+Tensor = torch.Tensor
+CHUNK = 1 << 20            # elements per block: 1 MiB of fp32, a few such buffers stay in a 2 MiB L2
+MASK24 = 0x00FFFFFF00FFFFFF
+DecodeMode = str           # "set": out = v; "zero": out = 0 + v (what zero_() then += gives); "add": out += v
+
+
+class Workspace:
+    """Reusable per-call scratch, one buffer per (name, dtype, device), grown on demand and never shrunk.
+
+    Contents never outlive a call, so a copy of the owner (the cost model deep-copies compressors) starts empty.
+    """
+
+    def __init__(self) -> None:
+        self._bufs: dict[tuple[str, torch.dtype, torch.device], Tensor] = {}
+
+    def get(self, name: str, numel: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+        key = (name, dtype, torch.device(device))
+        buf = self._bufs.get(key)
+        if buf is None or buf.numel() < numel:
+            buf = self._bufs[key] = torch.empty(max(numel, 1), dtype=dtype, device=device)
+        return buf[:numel]
+
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self._bufs.values())
+
+    def __deepcopy__(self, memo: dict) -> "Workspace":
+        return Workspace()
+
+
+def chunk_size(align: int = 1) -> int:
+    """Elements per block: a multiple of ``lcm(align, 16)`` (whole half-words of codes of any width, whole
+    quantization blocks) close to :data:`CHUNK`."""
+    unit = math.lcm(int(align), 16)
+    return unit * max(1, CHUNK // unit)
+
+
+def spans(n: int, step: int) -> Iterator[tuple[int, int]]:
+    for lo in range(0, n, step):
+        yield lo, min(n, lo + step)
+
+
+# ---- reductions ------------------------------------------------------------------------------------------
+def sum64(v: Tensor, ws: Workspace) -> Tensor:
+    """``Σ v`` in float64 as a 0-d tensor (a copy into a float64 buffer, then a native float64 sum)."""
+    if v.dtype == torch.float64:
+        return v.sum()
+    d = ws.get("sum64", v.numel(), torch.float64, v.device)
+    d.copy_(v)
+    return d.sum()
+
+
+def std64(x: Tensor, ws: Workspace) -> Tensor:
+    """Population standard deviation of ``x`` in float64 (two sweeps: the mean, then the squared deviations),
+    as a 0-d float64 tensor; squares of fp32 values cannot overflow in float64."""
+    step = chunk_size()
+    n = x.numel()
+    total = torch.zeros((), dtype=torch.float64, device=x.device)
+    for lo, hi in spans(n, step):
+        total.add_(sum64(x[lo:hi], ws))
+    mean = total / n
+    total.zero_()
+    for lo, hi in spans(n, step):
+        d = ws.get("std64", hi - lo, torch.float64, x.device)
+        d.copy_(x[lo:hi]).sub_(mean)
+        total.add_(torch.dot(d, d))
+    return (total / n).sqrt_()
+
+
+# ---- randomness ------------------------------------------------------------------------------------------
+def uniform_(gen: torch.Generator, out: Tensor, ws: Workspace) -> Tensor:
+    """Fill the fp32 ``out`` with ``U[0, 1)`` draws from ``gen``, continuing its stream.
+
+    On CPU the values and the generator state afterwards are exactly those of ``torch.rand(out.numel(),
+    generator=gen)``: torch maps each 32-bit draw ``r`` to ``(r mod 2^24)·2^-24``, and an int64 ``random_`` packs
+    the draws ``r1, r2`` as ``r1·2^32 + r2`` at half the per-element overhead; the halves are swapped back into
+    draw order. Elsewhere it is ``torch.rand`` itself."""
+    m = out.numel()
+    if out.device.type != "cpu" or m < 2:
+        return torch.rand(m, generator=gen, out=out)
+    h = m // 2
+    w = ws.get("rng64", h, torch.int64, out.device)
+    t = ws.get("rng64b", h, torch.int64, out.device)
+    w.random_(generator=gen).bitwise_and_(MASK24)
+    torch.bitwise_right_shift(w, 32, out=t)
+    w.bitwise_left_shift_(32).bitwise_or_(t)
+    out[:2 * h].copy_(w.view(torch.int32))
+    out[:2 * h].mul_(2.0 ** -24)
+    if m > 2 * h:
+        torch.rand(1, generator=gen, out=out[2 * h:])
+    return out
+
+
+# ---- packing ---------------------------------------------------------------------------------------------
+@lru_cache(maxsize=None)
+def _place_values(bits: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """``2^(bits·j)`` for the ``16/bits`` codes of a half-word: their dot product with the codes is the half-word
+    (exact in fp32: below 2^16)."""
+    return (2.0 ** (bits * torch.arange(16 // bits, dtype=torch.float64))).to(dtype=dtype, device=device)
+
+
+def pack_float_codes(v: Tensor, bits: int, words: Tensor, lo: int, ws: Workspace) -> None:
+    """Pack the float codes ``v`` (exact integers in ``[0, 2^bits)``) of elements ``lo …`` (``lo`` a multiple of
+    16) into the int32 view ``words``; a partial last half-word is padded with zero codes. Codes narrower than a
+    byte are combined by one matrix-vector product per 16/bits codes (``[m/k, k] @ 2^(bits·j)``), about a third
+    of what shifting and OR-ing bytes costs on CPU."""
+    m = v.numel()
+    if bits == 8:
+        i32 = ws.get("pk_i32", m, torch.int32, v.device)
+        words.view(torch.uint8)[lo:lo + m].copy_(i32.copy_(v))
+        return
+    k = 16 // bits
+    h = -(-m // k)
+    if h * k != m:
+        pad = ws.get("pk_pad", h * k, v.dtype, v.device)
+        pad[:m].copy_(v)
+        pad[m:].zero_()
+        v = pad
+    halves = ws.get("pk_mv", h, v.dtype, v.device)
+    torch.mv(v.view(h, k), _place_values(bits, v.dtype, v.device), out=halves)
+    i32 = ws.get("pk_i32", h, torch.int32, v.device)
+    h0 = lo * bits // 16
+    words.view(torch.int16)[h0:h0 + h].copy_(i32.copy_(halves))    # int32 → int16 keeps the low 16 bits
+
+
+def encode_blocks(n: int, bits: int, words: Tensor, step: int, codes_of: Callable[[int, int], Tensor],
+                  ws: Workspace) -> None:
+    """Drive one encode: ``codes_of(lo, hi)`` returns the float codes of elements ``[lo, hi)`` (a block of at most
+    ``step`` elements, ``step`` from :func:`chunk_size`); they are packed into the int32 view ``words`` block by
+    block and the unused tail of the last word is zeroed (a payload is a pure function of its codes)."""
+    for lo, hi in spans(n, step):
+        pack_float_codes(codes_of(lo, hi), bits, words, lo, ws)
+    words.view(torch.uint8)[-(-n * bits // 8):].zero_()
+
+
+# ---- decoding ------------------------------------------------------------------------------------------
+def unpack_block(src: Tensor, bits: int, lo: int, m: int, ws: Workspace) -> Tensor:
+    """The one-byte codes of elements ``[lo, lo + m)`` of the packed bytes ``src`` (``lo`` on a byte boundary),
+    as a uint8 view into scratch."""
+    per = 8 // bits
+    nb = -(-m // per)
+    if per == 1:
+        return src[lo:lo + m]
+    codes = ws.get("sp_codes", nb * per, torch.uint8, src.device)
+    bitpack.unpack_bytes(src[lo // per:lo // per + nb], bits, codes, ws.get("sp_work", nb * per, torch.uint8,
+                                                                           src.device))
+    return codes[:m]
+
+
+class Decoder:
+    """How one payload's packed codes become values: :meth:`write` fills ``dst`` (contiguous, ``m`` elements of
+    the output dtype) with the values of elements ``[lo, lo + m)``; with ``zero`` as ``0 + value`` (what a
+    zeroed output accumulating it holds: ``−0.0`` becomes ``+0.0``). ``block``: blocks must not be split."""
+
+    block = 0
+
+    def __init__(self, bits: int) -> None:
+        self.bits = bits
+
+    def write(self, src: Tensor, lo: int, m: int, dst: Tensor, zero: bool, ws: Workspace) -> None:
+        raise NotImplementedError
+
+
+class TableDecoder(Decoder):
+    """Arbitrary levels (``levels[c]``, ``2^bits`` of them in the output dtype). Widths 1 and 2 gather whole bytes
+    from a ``[256, 8/bits]`` table (one row per byte: a per-element gather costs 2–3× more); wider codes are
+    unpacked and gathered one by one."""
+
+    def __init__(self, levels: Tensor, bits: int) -> None:
+        super().__init__(bits)
+        self.per = 8 // bits if bits <= 2 else 1
+        self.table = byte_table(levels, bits) if bits <= 2 else levels
+        self._zero: Optional[Tensor] = None
+
+    def write(self, src: Tensor, lo: int, m: int, dst: Tensor, zero: bool, ws: Workspace) -> None:
+        table = self.table
+        if zero:
+            if self._zero is None:
+                self._zero = table + 0.0
+            table = self._zero
+        per = self.per
+        nb = -(-m // per)
+        idx = ws.get("dec_idx", nb, torch.int32, src.device)
+        idx.copy_(src[lo // per:lo // per + nb] if per > 1 else unpack_block(src, self.bits, lo, m, ws))
+        if per == 1:
+            torch.index_select(table, 0, idx, out=dst)
+        elif nb * per == m:
+            torch.index_select(table, 0, idx, out=dst.view(nb, per))
+        else:                                              # a partial last byte
+            tail = ws.get("dec_tail", nb * per, dst.dtype, dst.device)
+            torch.index_select(table, 0, idx, out=tail.view(nb, per))
+            dst.copy_(tail[:m])
+
+
+class AffineDecoder(Decoder):
+    """``(c + offset)·factor``, ``factor`` a 0-d tensor or one value per block of ``block`` elements (QSGD's
+    ``ν/s``); ``fold`` first maps the ternary codes ``0, 1, 2, 3`` to ``0, 1, −1, 0`` and makes the zero level
+    ``+0.0`` whatever the factor's sign. Small-integer steps are exact, so the result is the elementwise decode's
+    ``(c + offset)·factor`` bit for bit."""
+
+    def __init__(self, bits: int, offset: float, factor: Tensor, block: int = 0, fold: bool = False) -> None:
+        super().__init__(bits)
+        self.offset, self.factor, self.block, self.fold = offset, factor, block, fold
+
+    def write(self, src: Tensor, lo: int, m: int, dst: Tensor, zero: bool, ws: Workspace) -> None:
+        zero = zero or self.fold
+        dst.copy_(unpack_block(src, self.bits, lo, m, ws))
+        if self.fold:                                      # c − 3·⌊c/2⌋
+            half = ws.get("dec_fold", m, dst.dtype, dst.device)
+            dst.sub_(torch.mul(dst, 0.5, out=half).floor_(), alpha=3)
+        if self.offset:
+            dst.add_(self.offset)
+        b = self.block
+        if not b:
+            _scale(dst, self.factor, zero)
+            return
+        r0, full = lo // b, m // b
+        if full:
+            _scale(dst[:full * b].view(full, b), self.factor[r0:r0 + full, None], zero)
+        if full * b < m:
+            _scale(dst[full * b:], self.factor[r0 + full], zero)
+
+
+def _scale(v: Tensor, factor: Tensor, zero: bool) -> None:
+    """``v ← v·factor``, then ``+ 0.0`` with ``zero`` (the product is rounded once either way)."""
+    v.mul_(factor)
+    if zero:
+        v.add_(0.0)
+
+
+def byte_table(levels: Tensor, bits: int) -> Tensor:
+    """``[256, 8/bits]`` table of decoded values: row ``b`` holds ``levels`` of the codes packed in byte ``b``
+    (LSB first). ``levels`` has ``2^bits`` entries in the output dtype."""
+    return levels[bitpack.byte_codes(bits, levels.device)]
+
+
+def decode_sum(decoders: Sequence[Decoder], rows: Sequence[Tensor], count: int, out: Tensor, mode: DecodeMode,
+               ws: Workspace, residual: Optional[Tensor] = None) -> None:
+    """``out (=|= 0 +|+=) Σ_w D_w (+ residual)`` over ``count`` elements, block by block, in row order:
+    ``rows[w]`` are the packed code bytes (uint8) of payload ``w``, decoded by ``decoders[w]``. The first row is
+    written straight into ``out`` unless it accumulates; every other one goes through a cached block."""
+    if not out.is_contiguous():
+        tmp = out.contiguous()
+        decode_sum(decoders, rows, count, tmp, mode, ws, residual)
+        out.copy_(tmp)
+        return
+    step = chunk_size(max(d.block for d in decoders) or 1)
+    for lo, hi in spans(count, step):
+        m = hi - lo
+        oc = out[lo:hi]
+        for w, (dec, src) in enumerate(zip(decoders, rows)):
+            if w == 0 and mode != "add":
+                dec.write(src, lo, m, oc, mode == "zero", ws)
+                continue
+            vals = ws.get("dec_vals", m, out.dtype, out.device)
+            dec.write(src, lo, m, vals, False, ws)
+            oc.add_(vals)
+        if residual is not None:
+            oc.add_(residual[lo:hi])
+
+
+__all__ = ["CHUNK", "Workspace", "chunk_size", "spans", "sum64", "std64", "uniform_", "pack_float_codes",
+           "encode_blocks", "unpack_block", "Decoder", "TableDecoder", "AffineDecoder", "byte_table", "decode_sum"]

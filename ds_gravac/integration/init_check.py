@@ -4,6 +4,8 @@ size mismatch, or a hang on an extra parameter) or, for a parameter frozen on on
 from __future__ import annotations
 
 import inspect
+import json
+from collections.abc import Mapping
 from typing import Any, Callable
 
 from .agreement import agree_parameters
@@ -27,3 +29,24 @@ def check_models_before_broadcast(ds_initialize: Callable[..., Any], args: tuple
                           dist_init_required=bound.get("dist_init_required", defaults.get("dist_init_required")))
     if dist.get_world_size() > 1:
         agree_parameters(model.named_parameters())
+
+
+def declares_gravac(ds_initialize: Callable[..., Any], args: tuple, kwargs: dict) -> bool:
+    """Whether the DeepSpeed config given to ``deepspeed.initialize`` has a ``"gravac"`` section, read before the
+    engine exists (a dict, a JSON path, or ``args.deepspeed_config``); True when it cannot be told."""
+    try:
+        bound = inspect.signature(ds_initialize).bind_partial(*args, **kwargs).arguments
+    except TypeError:
+        return True
+    config = bound.get("config") or bound.get("config_params")
+    if config is None and bound.get("args") is not None:
+        config = getattr(bound["args"], "deepspeed_config", None) or getattr(bound["args"], "deepscale_config", None)
+    if isinstance(config, Mapping):
+        return "gravac" in config
+    if isinstance(config, str):
+        try:
+            with open(config) as f:
+                return "gravac" in json.load(f)
+        except (OSError, ValueError):
+            return True
+    return True

@@ -17,6 +17,7 @@ from typing import Optional, Sequence
 import torch
 
 from ..compress.base import CompressCtx, Compressor, Payload, TensorPlan
+from ..compress.quantize import Quantizer
 from .buckets import Bucket
 from .codec import EncodeStats, SendLayout
 from .server_memory import ServerResiduals, partition_size
@@ -177,29 +178,36 @@ class PartitionCodec:
         self.comp.server_encode(y, plan, qp, ctx)
         self.comp.server_commit(y, qp, ctx)
 
-    def _decode_part(self, p: Payload, out: torch.Tensor, j: int, scale: float) -> None:
-        """``out[partition j] += scale · D(p)`` (the padded tail is dropped)."""
+    def _decode_part(self, payloads: Sequence[Payload], out: torch.Tensor, j: int, scale: float) -> None:
+        """``out[partition j] = 0 + scale·Σ_w D(p_w)`` in rank order (the padded tail is dropped): what zeroing
+        ``out`` and accumulating the decodes gives, in one sweep over the partition (``Quantizer.decode_sum``)."""
         lo, c = j * self.L, self._real(j)
-        if c == self.L:
-            self.comp.decompress(p, out[lo:lo + c], accumulate=True, scale=scale, ctx=self.part_ctxs[j])
-        elif c:
-            self.comp.decompress(p, self._pad, accumulate=False, scale=scale, ctx=self.part_ctxs[j])
-            out[lo:lo + c].add_(self._pad[:c])
+        if not c:
+            return
+        dst = out[lo:lo + c] if c == self.L else self._pad
+        if isinstance(self.comp, Quantizer):
+            self.comp.decode_sum(payloads, dst, scale, "zero")
+        else:                                      # a quantizer outside the Quantizer base: one decode per row
+            dst.zero_()
+            for p in payloads:
+                self.comp.decompress(p, dst, accumulate=True, scale=scale, ctx=self.part_ctxs[j])
+        if c < self.L:
+            out[lo:lo + c].copy_(self._pad[:c])
 
     def decode_owners(self, lay: SendLayout, rows: torch.Tensor, out: torch.Tensor, scale: float) -> None:
         """Parameter server: row j of ``rows`` is owner j's re-encoded partition; ``out = scale · D(row j)``."""
-        out.zero_()
+        out[self.numel:].zero_()
         plan = lay.plans[0]
         for j in range(self.world_size):
-            self._decode_part(Payload(plan, rows[j]), out, j, scale)
+            self._decode_part([Payload(plan, rows[j])], out, j, scale)
 
     def decode_rows(self, lay: SendLayout, rows: torch.Tensor, out: torch.Tensor, scale: float, bulk: bool) -> None:
         """All-gather pattern: row w holds all N partitions of rank w; ``out = scale · Σ_w D(row_w)``."""
-        out.zero_()
+        out[self.numel:].zero_()
         plan = lay.plans[0]
-        for w in range(rows.shape[0]):
-            for j, off in enumerate(lay.word_offsets):
-                self._decode_part(Payload(plan, rows[w, off:off + plan.words]), out, j, scale)
+        for j, off in enumerate(lay.word_offsets):
+            self._decode_part([Payload(plan, rows[w, off:off + plan.words]) for w in range(rows.shape[0])], out, j,
+                              scale)
 
     def commit_aggregate(self, lay: Optional[SendLayout], out: torch.Tensor) -> None:
         """Quantizers keep no state that depends on the aggregate."""
