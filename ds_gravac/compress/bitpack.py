@@ -90,15 +90,15 @@ def pack_bytes(codes: Tensor, bits: int, out: Tensor, work: Tensor) -> None:
 
 
 @lru_cache(maxsize=None)
-def byte_codes(bits: int, device: torch.device) -> Tensor:
-    """``[256, 8/bits]`` int64: row ``b`` lists the codes packed in byte ``b``, LSB first (for table decodes)."""
+def group_codes(bits: int, group: int, device: torch.device) -> Tensor:
+    """``[2^(group·bits), group]`` int64: row ``i`` lists the ``group`` codes packed in the ``group·bits``-bit value
+    ``i``, LSB first (the index of a table decode)."""
     _check_width(bits)
-    if bits == 16:
-        raise ValueError("ds_gravac: 16-bit codes span two bytes")
-    per = 8 // bits
-    b = torch.arange(256, dtype=torch.int64)
-    shifts = torch.arange(per, dtype=torch.int64) * bits
-    return ((b[:, None] >> shifts) & ((1 << bits) - 1)).to(device)
+    if group * bits > 8:
+        raise ValueError("ds_gravac: a table index spans at most one byte")
+    i = torch.arange(1 << (group * bits), dtype=torch.int64)
+    shifts = torch.arange(group, dtype=torch.int64) * bits
+    return ((i[:, None] >> shifts) & ((1 << bits) - 1)).to(device)
 
 
 def unpack(words: Tensor, bits: int, count: int, out: Optional[Tensor] = None) -> Tensor:

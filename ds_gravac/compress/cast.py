@@ -19,6 +19,7 @@ from typing import ClassVar, Optional
 import torch
 
 from .base import CompressCtx, Compressor, CompressorParams, Kind, Payload, Section, TensorPlan
+from .qkernels import Workspace, chunk_size, spans
 from .quantize import emit, external_ef_commit
 
 Tensor = torch.Tensor
@@ -59,6 +60,10 @@ class HalfCast(Compressor):
     level_kind = "cf"
     dtype: ClassVar[torch.dtype] = torch.float16
 
+    def __init__(self, params: Optional[CompressorParams] = None) -> None:
+        super().__init__(params)
+        self.ws = Workspace()
+
     def cf_grid(self) -> Optional[list[float]]:
         return [2.0]
 
@@ -90,8 +95,15 @@ class HalfCast(Compressor):
         factor = scale * world(ctx)
         if math.isclose(factor, 1.0, rel_tol=1e-12):   # the reduced payload at scale 1/N: G = fp32(Σ y) exactly
             factor = 1.0
-        y = p[VALUES].to(out.dtype, copy=True)
-        emit(out, y.mul_(factor) if factor != 1.0 else y, accumulate)
+        y = p[VALUES]
+        if factor == 1.0 and not accumulate:      # the reduced payload: one cast straight into the output
+            out.copy_(y)
+            return
+        step = chunk_size()                       # otherwise through a cached block, not a decoded temporary
+        buf = self.ws.get("cast", min(step, y.numel()), out.dtype, out.device)
+        for lo, hi in spans(y.numel(), step):
+            vals = buf[:hi - lo].copy_(y[lo:hi])
+            emit(out[lo:hi], vals.mul_(factor) if factor != 1.0 else vals, accumulate)
 
     def commit(self, x: Tensor, p: Payload, ctx: CompressCtx) -> None:
         """External EF ``r = x − N·fp32(y)`` when enabled, zeros when off."""

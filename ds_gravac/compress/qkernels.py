@@ -1,18 +1,20 @@
-"""Cache-blocked kernels shared by the quantizers: encode and decode a partition in a few memory passes.
+"""Cache-blocked kernels shared by the quantizers: encode and decode a partition in few memory passes.
 
 Why blocks. In eager PyTorch every operation over a partition is a pass over memory, and a fresh multi-MB
-temporary costs about ten passes more in page faults (measured on the 2-core EPYC of ``docs/BENCHMARKS.md`` §1),
-so the straightforward encoders spent 20–35 passes. Here a partition is processed in *chunks* of about
-:data:`CHUNK` elements through buffers that a :class:`Workspace` reuses across calls: the input is read from
-memory once per sweep, every intermediate stays in cache, and nothing large is allocated per call.
+temporary costs several passes more in page faults (a 16 MB fresh output: ~12 passes on the 2-core EPYC of
+``docs/BENCHMARKS.md`` §1), so the elementwise encoders spent 20–35 passes. Here a partition is processed in
+blocks of about :data:`CHUNK` elements through buffers a :class:`Workspace` keeps across calls: the input is read
+from memory once per sweep, the intermediates stay in cache, and nothing large is allocated per call.
 
-Why these operations. Comparisons are taken into float outputs (``torch.ge(x, 0, out=f32)`` is vectorized, the
-bool form is not, 5× slower), narrowing goes float → int32 → uint8 (float → uint8 is not vectorized), float64
-accumulation copies a chunk into a float64 buffer before summing (``sum(dtype=float64)`` converts far slower), and
-decoding gathers rows of a small per-payload table: row ``b`` of a ``[256, 8/bits]`` table holds the decoded
-values of the codes packed in byte ``b``, computed with the codec's own decode arithmetic, so a table decode is
-bitwise the elementwise one. Stochastic rounding draws with :func:`uniform_`, torch's CPU stream at half the
-generator calls.
+Why these operations (each measured against its alternatives on CPU):
+
+* comparisons write float outputs (``torch.ge(x, 0, out=f32)`` is vectorized, its bool form is not: 5× slower);
+* float64 accumulation copies a block into a float64 buffer and sums it (``sum(dtype=float64)`` converts 5×
+  slower);
+* codes narrower than a byte are packed by one matrix-vector product per half-word (:func:`pack_float_codes`);
+* decoding gathers whole groups of decoded values at once (:class:`TableDecoder`), or, for QSGD's per-block
+  scale, unpacks and scales in place (:class:`AffineDecoder`); both reproduce the elementwise decode bit for bit;
+* stochastic rounding draws with :func:`uniform_`: the generator's own stream at 60% of ``torch.rand``'s cost.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ import torch
 from . import bitpack
 
 Tensor = torch.Tensor
-CHUNK = 1 << 20            # elements per block: 1 MiB of fp32, a few such buffers stay in a 2 MiB L2
+CHUNK = 1 << 18            # elements per block: 1 MiB of fp32, a few such buffers stay in the 1 MiB L2 and L3
 MASK24 = 0x00FFFFFF00FFFFFF
 DecodeMode = str           # "set": out = v; "zero": out = 0 + v (what zero_() then += gives); "add": out += v
 
@@ -94,23 +96,20 @@ def std64(x: Tensor, ws: Workspace) -> Tensor:
 
 # ---- randomness ------------------------------------------------------------------------------------------
 def uniform_(gen: torch.Generator, out: Tensor, ws: Workspace) -> Tensor:
-    """Fill the fp32 ``out`` with ``U[0, 1)`` draws from ``gen``, continuing its stream.
+    """Fill the fp32 ``out`` with ``U[0, 1)`` draws from ``gen`` (24-bit grid), continuing its stream.
 
-    On CPU the values and the generator state afterwards are exactly those of ``torch.rand(out.numel(),
-    generator=gen)``: torch maps each 32-bit draw ``r`` to ``(r mod 2^24)·2^-24``, and an int64 ``random_`` packs
-    the draws ``r1, r2`` as ``r1·2^32 + r2`` at half the per-element overhead; the halves are swapped back into
-    draw order. Elsewhere it is ``torch.rand`` itself."""
+    On CPU these are exactly the values ``torch.rand(out.numel(), generator=gen)`` draws, with each pair of
+    neighbours swapped, and the generator ends in the same state: torch maps a 32-bit draw ``r`` to
+    ``(r mod 2^24)·2^-24``, and an int64 ``random_`` packs two draws ``r1·2^32 + r2`` at half the per-element
+    cost (1.7 against 2.8 ns per value here); reading the int64 as two int32 gives ``r2, r1``. Elsewhere it is
+    ``torch.rand`` itself."""
     m = out.numel()
     if out.device.type != "cpu" or m < 2:
         return torch.rand(m, generator=gen, out=out)
     h = m // 2
     w = ws.get("rng64", h, torch.int64, out.device)
-    t = ws.get("rng64b", h, torch.int64, out.device)
     w.random_(generator=gen).bitwise_and_(MASK24)
-    torch.bitwise_right_shift(w, 32, out=t)
-    w.bitwise_left_shift_(32).bitwise_or_(t)
-    out[:2 * h].copy_(w.view(torch.int32))
-    out[:2 * h].mul_(2.0 ** -24)
+    out[:2 * h].copy_(w.view(torch.int32)).mul_(2.0 ** -24)
     if m > 2 * h:
         torch.rand(1, generator=gen, out=out[2 * h:])
     return out
@@ -187,58 +186,59 @@ class Decoder:
 
 
 class TableDecoder(Decoder):
-    """Arbitrary levels (``levels[c]``, ``2^bits`` of them in the output dtype). Widths 1 and 2 gather whole bytes
-    from a ``[256, 8/bits]`` table (one row per byte: a per-element gather costs 2–3× more); wider codes are
-    unpacked and gathered one by one."""
+    """Arbitrary levels (``levels[c]``: ``2^bits`` values in the output dtype, e.g. TernGrad's pinned maximum).
+
+    Decoding is a 1-D gather of whole *entries*: the values of ``g`` consecutive codes (an index of ``g·bits ≤ 8``
+    bits) copied as one 4-, 8- or 16-byte element (int32, int64 or complex128: a bit-exact move, no arithmetic),
+    so one gathered element carries up to four values. Per value that is 2–4× cheaper than gathering rows of a
+    2-D table or single values (the cost is per gathered element; 16-bit indexes over a 65536-entry table were
+    slower still for 8-bit codes, the table costing more to build than the gathers saved)."""
 
     def __init__(self, levels: Tensor, bits: int) -> None:
         super().__init__(bits)
-        self.per = 8 // bits if bits <= 2 else 1
-        self.table = byte_table(levels, bits) if bits <= 2 else levels
-        self._zero: Optional[Tensor] = None
+        item = levels.element_size()
+        g = min(16 // item, 8 // bits)
+        while g * item not in _ENTRY:
+            g //= 2
+        self.g, self.width, self.dtype = g, g * bits, _ENTRY[g * item]
+        self.values = levels[bitpack.group_codes(bits, g, levels.device)]      # [2^(g·bits), g]
+        self._entries: dict[bool, Tensor] = {}
+
+    def entries(self, zero: bool) -> Tensor:
+        e = self._entries.get(zero)
+        if e is None:
+            e = self._entries[zero] = (self.values + 0.0 if zero else self.values).contiguous().view(self.dtype)[:, 0]
+        return e
 
     def write(self, src: Tensor, lo: int, m: int, dst: Tensor, zero: bool, ws: Workspace) -> None:
-        table = self.table
-        if zero:
-            if self._zero is None:
-                self._zero = table + 0.0
-            table = self._zero
-        per = self.per
-        nb = -(-m // per)
-        idx = ws.get("dec_idx", nb, torch.int32, src.device)
-        idx.copy_(src[lo // per:lo // per + nb] if per > 1 else unpack_block(src, self.bits, lo, m, ws))
-        if per == 1:
-            torch.index_select(table, 0, idx, out=dst)
-        elif nb * per == m:
-            torch.index_select(table, 0, idx, out=dst.view(nb, per))
-        else:                                              # a partial last byte
-            tail = ws.get("dec_tail", nb * per, dst.dtype, dst.device)
-            torch.index_select(table, 0, idx, out=tail.view(nb, per))
-            dst.copy_(tail[:m])
+        g = self.g
+        ne = -(-m // g)
+        idx = ws.get("dec_idx", ne, torch.int32, src.device)
+        idx.copy_(unpack_block(src, self.width, lo // g, ne, ws))
+        if ne * g == m and dst.storage_offset() % g == 0:
+            torch.index_select(self.entries(zero), 0, idx, out=dst.view(self.dtype))
+        else:                                              # a partial last entry, or dst not aligned to entries
+            tmp = ws.get("dec_tail", ne * g, dst.dtype, dst.device)
+            torch.index_select(self.entries(zero), 0, idx, out=tmp.view(self.dtype))
+            dst.copy_(tmp[:m])
+
+
+_ENTRY = {4: torch.int32, 8: torch.int64, 16: torch.complex128}
 
 
 class AffineDecoder(Decoder):
-    """``(c + offset)·factor``, ``factor`` a 0-d tensor or one value per block of ``block`` elements (QSGD's
-    ``ν/s``); ``fold`` first maps the ternary codes ``0, 1, 2, 3`` to ``0, 1, −1, 0`` and makes the zero level
-    ``+0.0`` whatever the factor's sign. Small-integer steps are exact, so the result is the elementwise decode's
-    ``(c + offset)·factor`` bit for bit."""
+    """``(c + offset)·factor`` with one factor per block of ``block`` elements (QSGD's ``ν·scale/s``): the
+    codes are unpacked to floats and scaled in place, the elementwise decode's arithmetic bit for bit
+    (``c + offset`` is an exact small integer)."""
 
-    def __init__(self, bits: int, offset: float, factor: Tensor, block: int = 0, fold: bool = False) -> None:
+    def __init__(self, bits: int, offset: float, factor: Tensor, block: int) -> None:
         super().__init__(bits)
-        self.offset, self.factor, self.block, self.fold = offset, factor, block, fold
+        self.offset, self.factor, self.block = offset, factor, block
 
     def write(self, src: Tensor, lo: int, m: int, dst: Tensor, zero: bool, ws: Workspace) -> None:
-        zero = zero or self.fold
         dst.copy_(unpack_block(src, self.bits, lo, m, ws))
-        if self.fold:                                      # c − 3·⌊c/2⌋
-            half = ws.get("dec_fold", m, dst.dtype, dst.device)
-            dst.sub_(torch.mul(dst, 0.5, out=half).floor_(), alpha=3)
-        if self.offset:
-            dst.add_(self.offset)
+        dst.add_(self.offset)
         b = self.block
-        if not b:
-            _scale(dst, self.factor, zero)
-            return
         r0, full = lo // b, m // b
         if full:
             _scale(dst[:full * b].view(full, b), self.factor[r0:r0 + full, None], zero)
@@ -251,12 +251,6 @@ def _scale(v: Tensor, factor: Tensor, zero: bool) -> None:
     v.mul_(factor)
     if zero:
         v.add_(0.0)
-
-
-def byte_table(levels: Tensor, bits: int) -> Tensor:
-    """``[256, 8/bits]`` table of decoded values: row ``b`` holds ``levels`` of the codes packed in byte ``b``
-    (LSB first). ``levels`` has ``2^bits`` entries in the output dtype."""
-    return levels[bitpack.byte_codes(bits, levels.device)]
 
 
 def decode_sum(decoders: Sequence[Decoder], rows: Sequence[Tensor], count: int, out: Tensor, mode: DecodeMode,
@@ -285,4 +279,4 @@ def decode_sum(decoders: Sequence[Decoder], rows: Sequence[Tensor], count: int, 
 
 
 __all__ = ["CHUNK", "Workspace", "chunk_size", "spans", "sum64", "std64", "uniform_", "pack_float_codes",
-           "encode_blocks", "unpack_block", "Decoder", "TableDecoder", "AffineDecoder", "byte_table", "decode_sum"]
+           "encode_blocks", "unpack_block", "Decoder", "TableDecoder", "AffineDecoder", "decode_sum"]

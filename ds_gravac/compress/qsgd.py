@@ -13,7 +13,7 @@ stored value is what both encoder and decoder use, so ``|D_i − x_i| ≤ ν/s``
 """
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal
 
 import torch
 from pydantic import Field

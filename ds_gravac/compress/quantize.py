@@ -25,6 +25,11 @@ Error feedback. ``worker_error_feedback`` / ``server_error_feedback`` report the
 residual view supplied, :meth:`Quantizer.commit` leaves zeros in it (the memory such a compressor keeps), so
 a generic memory that adopts the scratch never accumulates stale input. Compressors with their own memory
 (:class:`OwnMemoryQuantizer`: TBQ, EF-signSGD) keep one slot that is also their input slot.
+
+Cost. Encoders sweep the partition in cache-sized blocks through the compressor's :class:`Workspace`
+(``ds_gravac.compress.qkernels``), and every decode — the worker's error feedback, the owner's merge of N rows,
+the final decode — is one :meth:`Quantizer.decode_sum` sweep that writes or accumulates in place, never a
+decoded temporary of the partition's size.
 """
 from __future__ import annotations
 

@@ -87,14 +87,15 @@ def mean_abs_sq_norm(p: Payload) -> Tensor:
 # ---- two means (onebit's GRACE form) -----------------------------------------------------------------------
 def encode_two_means(x: Tensor, out: Payload, ws: Workspace) -> None:
     """``μ+`` = mean of the non-negative entries, ``μ−`` = mean of the negative ones (0 for an empty set), so
-    ``#pos·μ+ + #neg·μ− = Σx``; sums in float64 so a finite input gives finite means. Per block the flags ``f``
-    split x exactly: ``x·f`` is x or 0 and ``x − x·f`` the other part."""
+    ``#pos·μ+ + #neg·μ− = Σx``; sums in float64 so a finite input gives finite means. Per block the parts are
+    ``max(x, 0)`` (NaN counted as negative, as ``x ≥ 0`` does) and ``min(x, 0)``."""
     acc = torch.zeros(3, dtype=torch.float64, device=x.device)     # #pos, Σ pos, Σ neg
+    inf = float("inf")
 
     def split(xc: Tensor, f: Tensor, work: Tensor) -> None:
         acc[0].add_(sum64(f, ws))
-        acc[1].add_(sum64(torch.mul(xc, f, out=work), ws))
-        acc[2].add_(sum64(torch.sub(xc, work, out=work), ws))
+        acc[1].add_(sum64(torch.clamp(xc, min=0, out=work).nan_to_num_(0.0, posinf=inf, neginf=-inf), ws))
+        acc[2].add_(sum64(torch.clamp(xc, max=0, out=work), ws))
 
     encode_signs(x, out, ws, split)
     n_pos = acc[0]

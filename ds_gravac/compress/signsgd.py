@@ -2,10 +2,10 @@
 
 Workers send ``b_i = [x_i ≥ 0]`` (``int32[ceil(L/32)]``, no header, no error feedback). The owner of a partition
 does not average decodes: :meth:`SignSGD.merge_decode` writes the vote count ``v_i = Σ_w (2·b_{w,i} − 1)``
-(exact small integers, the sum of the ±1 decodes), and :meth:`SignSGD.server_encode` sends the sign bits of ``v`` — the majority, a tie
-``v_i = 0`` counting as +1 like a zero input (ties only occur for an even number of ranks). Everyone then
-decodes ``G_i = ±1``: the learning rate alone sets the step length, so it is meant for plain SGD in static mode
-(no gain is defined). θ = 32.
+(exact small integers: the sum of the ±1 decodes), and :meth:`SignSGD.server_encode` sends the sign bits of
+``v`` — the majority, a tie ``v_i = 0`` counting as +1 like a zero input (ties only occur for an even number of
+ranks). Everyone then decodes ``G_i = ±1``: the learning rate alone sets the step length, so it is meant for plain
+SGD in static mode (no gain is defined). θ = 32.
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from pydantic import Field
 
 from . import bitpack
 from .base import CompressCtx, CompressorParams, Payload, Section, TensorPlan
-from .qkernels import AffineDecoder, chunk_size, encode_blocks
+from .qkernels import chunk_size, encode_blocks
 from .quantize import OwnMemoryQuantizer
 
 Tensor = torch.Tensor
@@ -53,9 +53,10 @@ class TBQ(OwnMemoryQuantizer):
 
         encode_blocks(x.numel(), 2, out["codes"], step, codes, self.ws)
 
-    def decoder(self, p: Payload, dtype: torch.dtype, scale: float) -> AffineDecoder:
+    def code_levels(self, p: Payload, dtype: torch.dtype, scale: float) -> Tensor:
         """``(q − 1)·τ·scale``."""
-        return AffineDecoder(2, -1.0, torch.tensor(self.params.tau, dtype=dtype, device=p.words.device) * scale)
+        step = torch.tensor(self.params.tau, dtype=dtype, device=p.words.device) * scale
+        return (torch.arange(4, dtype=dtype, device=p.words.device) - 1).mul_(step)
 
     def sent_sq_norm(self, p: Payload, ctx: Optional[CompressCtx] = None) -> Tensor:
         moved = (bitpack.unpack(p["codes"], 2, p.plan.numel) != 1).sum().double()

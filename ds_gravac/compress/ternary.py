@@ -2,8 +2,8 @@
 
 Optional gradient clipping first (``clip_sigma``, default 2.5; 0 = off): ``x ← clamp(x, −c, c)`` with
 ``c = clip_sigma·std(x)`` (population standard deviation, accumulated in float64; a partition with zero spread is
-left unclipped, since it has no outliers and clipping at 0 would erase it). The clipped part is lost unless ``error_feedback`` is on (the
-residual is taken against the unclipped input). Then ``s = max|x|`` and ``t_i = sign(x_i)·Bernoulli(|x_i|/s)``
+left unclipped, since it has no outliers and clipping at 0 would erase it). The clipped part is lost unless
+``error_feedback`` is on (the residual is taken against the unclipped input). Then ``s = max|x|`` and ``t_i = sign(x_i)·Bernoulli(|x_i|/s)``
 from the rank-local stream, decoded ``s·t_i`` — unbiased for the clipped x. Payload ``scale: fp32[1]`` + 2-bit
 codes (0 → 0, 1 → +1, 2 → −1); θ = 16. The paper's per-layer scaler is per partition here.
 """
@@ -16,7 +16,7 @@ from pydantic import Field
 
 from . import bitpack
 from .base import CompressCtx, CompressorParams, Payload, Section, TensorPlan
-from .qkernels import AffineDecoder, chunk_size, encode_blocks, std64
+from .qkernels import chunk_size, encode_blocks, std64
 from .quantize import STREAM_TERNARY, Quantizer, put_header
 
 Tensor = torch.Tensor
@@ -69,9 +69,11 @@ class Ternary(Quantizer):
 
         encode_blocks(x.numel(), 2, out["codes"], step, codes, self.ws)
 
-    def decoder(self, p: Payload, dtype: torch.dtype, scale: float) -> AffineDecoder:
+    def code_levels(self, p: Payload, dtype: torch.dtype, scale: float) -> Tensor:
         """Codes 0, 1, 2 (and the unused 3) decode to ``0, s, −s, 0`` times ``scale``."""
-        return AffineDecoder(2, 0.0, p["scale"][0].to(dtype) * scale, fold=True)
+        s = p["scale"][0].to(dtype) * scale
+        zero = torch.zeros_like(s)
+        return torch.stack([zero, s, -s, zero])
 
     def sent_sq_norm(self, p: Payload, ctx: Optional[CompressCtx] = None) -> Tensor:
         nz = (bitpack.unpack(p["codes"], 2, p.plan.numel) != 0).sum().double()

@@ -14,7 +14,7 @@ numbers), so a partition whose range exceeds the fp32 maximum still encodes and 
 """
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal
 
 import torch
 
@@ -66,8 +66,12 @@ class TernGrad(Quantizer):
         rng = out["range"].to(x.dtype)             # the stored fp32 values, as the decoder sees them
         lo, hi = rng[0], rng[1]
         gap = _gap(lo, hi, top)
-        neg_half_lo, half_gap = lo * -0.5, gap * 0.5
-        floor = torch.where(gap == 0, float("inf"), lo)       # nothing is above it when gap = 0
+        # gap = 0 sends zeros: an infinite step makes every (x − lo)/gap zero and no x reaches the pin at hi.
+        # Otherwise x = lo gives 0 exactly (x/2 − lo/2 = 0) and x < lo a negative value the clamp lifts to 0
+        flat = gap == 0
+        neg_half_lo = lo * -0.5
+        half_gap = torch.where(flat, float("inf"), gap * 0.5)
+        pin_at = torch.where(flat, float("inf"), hi)
         pin = torch.tensor(top + 1.0, dtype=x.dtype, device=x.device)
         gen = self.stream(x, ctx, STREAM_TERNGRAD, server) if self.params.stochastic else None
         step = chunk_size()
@@ -75,14 +79,13 @@ class TernGrad(Quantizer):
 
         def codes(a: int, b: int) -> Tensor:
             xc, m = x[a:b], b - a
-            v = torch.mul(xc, 0.5, out=val[:m]).add_(neg_half_lo)          # x/2 − lo/2 (halves: x − lo may
-            if gen is None:                                                # exceed fp32)
+            v = torch.mul(xc, 0.5, out=val[:m]).add_(neg_half_lo)   # halves: x − lo may exceed fp32
+            if gen is None:
                 v.div_(half_gap).add_(0.5)
             else:
                 torch.addcdiv(self.draws(gen, m, x.device), v, half_gap, out=v)
-            v.floor_()                                                     # ⌊(x − lo)/gap + u⌋
-            v.addcmul_(torch.ge(xc, hi, out=mask[:m]), pin)                # x ≥ hi → top (after the clamp)
-            v.mul_(torch.gt(xc, floor, out=mask[:m]))                      # x ≤ lo or gap = 0 → 0
+            v.floor_()                                              # ⌊(x − lo)/gap + u⌋
+            v.addcmul_(torch.ge(xc, pin_at, out=mask[:m]), pin)     # x ≥ hi → top, once clamped
             return v.nan_to_num_(0.0).clamp_(0, top)
 
         encode_blocks(x.numel(), bits, out["codes"], step, codes, self.ws)
