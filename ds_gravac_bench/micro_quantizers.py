@@ -47,7 +47,10 @@ from ds_gravac.config import GravacConfig
 from ds_gravac.sync.exchange import CaSyncPS, HalfAllReduce, PayloadAllGather
 from ds_gravac.sync.server_memory import ServerResiduals
 
-from .micro import DECODE_NS, GradSet, Rank, fresh_compressor, reduce_rule, stats
+from .micro_grads import GradSet
+from .micro_rank import Rank, fresh_compressor, reduce_rule
+from .micro_settings import DECODE_NS
+from .micro_timing import stats
 
 PASS_TARGET = 3.0
 TIMES = ("t_stage", "t_compress", "t_leave_memory", "t_encode", "t_merge", "t_decode_ps", "t_decode_ag",
