@@ -3,7 +3,7 @@
 Several compressors depend on the optimizer: DGC applies momentum itself and needs plain SGD underneath,
 EF-signSGD sends updates and needs each parameter's current learning rate. DeepSpeed wraps the optimizer it
 builds (the bf16 and fp16 optimizers keep fp32 master copies and rewrite the wrapped optimizer's groups to hold
-those), so both questions need the same unwrapping, kept here once.
+those; ZeRO-1/2 holds flat partitions of them), so both questions need the same unwrapping, kept here once.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 # Attributes of DeepSpeed's precision wrappers that list the model's parameters of each optimizer group, in the
 # order of the wrapped optimizer's ``param_groups`` (whose ``params`` hold master copies instead).
-WRAPPED_GROUPS = ("bf16_groups", "fp16_groups")
+WRAPPED_GROUPS = ("bf16_groups", "fp16_groups", "bit16_groups")      # the last: ZeRO-1/2's optimizer
 
 
 def optimizer_chain(engine: Any) -> list[Any]:

@@ -22,6 +22,7 @@ from ..telemetry.sinks import JsonlSink
 from .agreement import agree_config, agree_ok, agree_parameters
 from .shm_buffer import release_shm_buffer
 from .validation import validate_engine
+from .zero import ZeroBridge, zero_stage
 
 logger = logging.getLogger("ds_gravac")
 HANDLE_ATTR = "_ds_gravac_handle"
@@ -100,6 +101,7 @@ class GravacHandle:
         self.sync: Optional[Synchronizer] = None
         self._sink: Optional[JsonlSink] = None
         self._moved_hyperparams: list[tuple[dict, str, Any]] = []
+        self.zero: Optional[ZeroBridge] = None
 
     # ---- lifecycle --------------------------------------------------------------------------------------
     def _activate(self, bucket_order: Optional[list[int]] = None) -> None:
@@ -121,6 +123,9 @@ class GravacHandle:
         rule = ReduceRule.from_engine(eng, world)
         self.sync = Synchronizer(eng, cfg, comp, self.controller, self.channels, rule, bucket_order,
                                  on_record=self._on_record)
+        if zero_stage(eng) in (1, 2):
+            self.zero = ZeroBridge(eng)
+            self.sync.loss_scale, self.sync.after_write = self.zero.loss_scale, self.zero.fill_partitions
         compressible = tuple(m.name for m in self.sync.members if m.compressible)
         if comp.owns_optimizer:
             self._move_optimizer_into_compressor(compressible)
@@ -179,6 +184,9 @@ class GravacHandle:
             if nonzero:
                 logger.warning("ds_gravac: detach drops non-zero error-feedback residuals")
             self.engine.enable_backward_allreduce = True
+            if self.zero is not None:
+                self.zero.close()
+                self.zero = None
             for group, key, value in self._moved_hyperparams:   # DGC: give momentum/wd back to the optimizer
                 group[key] = value
             self._moved_hyperparams = []

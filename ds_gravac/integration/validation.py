@@ -6,6 +6,7 @@ from typing import Any
 import torch
 
 from ..errors import GravacUnsupportedError
+from .zero import validate_zero, zero_stage
 
 
 def _fail(message: str) -> None:
@@ -23,13 +24,11 @@ def validate_engine(engine: Any) -> None:
     """Raise :class:`GravacUnsupportedError` naming the first unsupported setting, in a fixed order."""
     from deepspeed.runtime.pipe.engine import PipelineEngine
 
-    stage = _call(engine, "zero_optimization_stage", 0)
-    if stage:
-        _fail(f"requires zero_optimization.stage == 0 (found {stage}): ZeRO reduces gradients inside its "
-              f"optimizer")
-    if _call(engine, "fp16_enabled", False):
-        _fail("fp16 is not supported: DeepSpeed 0.19.8 does not scale the loss with ZeRO-0 fp16 but unscales "
-              "in step() (deepspeedai/DeepSpeed#8393); use bf16 or fp32")
+    validate_zero(engine)
+    if _call(engine, "fp16_enabled", False) and zero_stage(engine) == 0:
+        _fail("fp16 with zero_optimization.stage 0 is not supported: DeepSpeed 0.19.8 does not scale the loss "
+              "with ZeRO-0 fp16 but unscales in step() (deepspeedai/DeepSpeed#8393); use bf16 or fp32, or fp16 "
+              "with ZeRO stage 1 or 2")
     if _call(engine, "torch_autocast_enabled", False) and _call(engine, "torch_autocast_dtype") == torch.float16:
         _fail("torch_autocast with float16 uses a GradScaler whose changing scale corrupts error-feedback "
               "residuals; use bfloat16")

@@ -55,6 +55,7 @@ class BucketMemory:
         self.input_slot = input_slot
         self.dtype = dtype
         self.scratch = torch.zeros(n, dtype=dtype, device=device)
+        self.inv_scale = 1.0        # 1/loss scale of the step being staged: memory lives in unscaled space
         self._views: dict[int, list[torch.Tensor]] = {}
 
     # ---- views ------------------------------------------------------------------------------------------
@@ -71,22 +72,31 @@ class BucketMemory:
         return {name: self.views(buf)[i] for name, buf in self.slots.items()}
 
     # ---- the step's transaction ---------------------------------------------------------------------------
+    def grad(self, m: Member) -> torch.Tensor:
+        """``m``'s gradient, flat, in the memory's dtype and unscaled (a view when nothing needs to change)."""
+        g = flat_fp32(m.param.grad, self.dtype)
+        return g if self.inv_scale == 1.0 else g * self.inv_scale
+
     def stage(self, compressor: Compressor, ctxs: Sequence[CompressCtx], error_feedback: bool,
-              squares: Optional[list[torch.Tensor]] = None) -> list[torch.Tensor]:
+              squares: Optional[list[torch.Tensor]] = None, inv_scale: float = 1.0) -> list[torch.Tensor]:
         """Write every member's input ``x`` into the scratch; returns the per-member flat views of ``x``. With
         ``squares``, each member's ``‖x‖²`` is appended right after it was written, while ``x`` is still in cache
-        (a separate pass over the bucket afterwards reads it from memory again)."""
+        (a separate pass over the bucket afterwards reads it from memory again). ``inv_scale`` (1/the fp16 loss
+        scale) unscales the gradient on the way in, so residuals never depend on a scale that changes."""
+        self.inv_scale = inv_scale
         xs = self.views(self.scratch)
         for i, m in enumerate(self.members):
             g, x = m.param.grad, xs[i]
             if compressor.owns_state:
                 ctxs[i].memory = self.member_memory(i)
-                compressor.compensate(flat_fp32(g, self.dtype), x, ctxs[i])
+                compressor.compensate(self.grad(m), x, ctxs[i])
             elif error_feedback and RESIDUAL in self.slots:
                 r = self.views(self.slots[RESIDUAL])[i]
-                torch.add(r.view(g.shape), g.detach(), out=x.view(g.shape))    # any layout, one pass
+                torch.add(r.view(g.shape), g.detach(), alpha=inv_scale, out=x.view(g.shape))   # any layout, one pass
             else:
                 x.view(g.shape).copy_(g.detach())
+                if inv_scale != 1.0:
+                    x.mul_(inv_scale)
             if squares is not None:
                 squares.append(torch.dot(x, x))
         return xs
@@ -103,14 +113,14 @@ class BucketMemory:
         if compressor.owns_state and payloads is not None:
             for i, m in enumerate(self.members):
                 ctxs[i].memory = self.member_memory(i)
-                compressor.commit_memory(flat_fp32(m.param.grad, self.dtype), payloads[i], ctxs[i])
+                compressor.commit_memory(self.grad(m), payloads[i], ctxs[i])
 
     def commit_dense(self, compressor: Compressor, ctxs: Sequence[CompressCtx]) -> None:
         """The step was agreed finite and this bucket's compensated input went out dense."""
         if compressor.owns_state:
             for i, m in enumerate(self.members):
                 ctxs[i].memory = self.member_memory(i)
-                compressor.dense_sent(flat_fp32(m.param.grad, self.dtype), ctxs[i])
+                compressor.dense_sent(self.grad(m), ctxs[i])
         elif RESIDUAL in self.slots:
             self.slots[RESIDUAL].zero_()
 

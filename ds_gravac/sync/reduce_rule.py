@@ -22,9 +22,19 @@ class ReduceRule:
     predivide: float
     comm_dtype: torch.dtype
     world_size: float
+    divide_first: bool = False      # ZeRO-1/2 with reduce_scatter: each rank divides by N, then the sum
+
 
     @classmethod
     def from_engine(cls, engine: Any, world_size: int) -> "ReduceRule":
+        """The rule DeepSpeed applies to this engine: ``allreduce_bucket`` with ZeRO-0, the ZeRO optimizer's own
+        (``average_tensor``: divide, then sum; or its all-reduce with pre/post-division) with ZeRO-1/2."""
+        zero = getattr(engine, "zero_optimization_stage", lambda: 0)() in (1, 2)
+        opt = engine.optimizer
+        if zero:
+            return cls(average=bool(opt.gradient_average), postscale=bool(opt.postscale_gradients),
+                       predivide=float(opt.gradient_predivide_factor), comm_dtype=opt.communication_data_type,
+                       world_size=float(world_size), divide_first=bool(opt.reduce_scatter))
         return cls(average=bool(engine.gradient_average), postscale=bool(engine.postscale_gradients()),
                    predivide=float(engine.gradient_predivide_factor()),
                    comm_dtype=engine.communication_data_type, world_size=float(world_size))
@@ -41,6 +51,9 @@ class ReduceRule:
     def prescale(self, c: torch.Tensor) -> None:
         if not self.average:
             return
+        if self.divide_first:
+            c.div_(self.world_size)
+            return
         if self.postscale:
             if self.predivide != 1.0:
                 c.mul_(1.0 / self.predivide)
@@ -48,5 +61,5 @@ class ReduceRule:
             c.mul_(1.0 / self.world_size)
 
     def postscale_(self, c: torch.Tensor) -> None:
-        if self.average and self.postscale and self.predivide != self.world_size:
+        if self.average and not self.divide_first and self.postscale and self.predivide != self.world_size:
             c.mul_(self.predivide / self.world_size)

@@ -30,3 +30,4 @@ class RunningStep:
     decode_s: dict[int, float] = field(default_factory=dict)   # compressed buckets: the final decode
     t_begin: float = 0.0
     observed: bool = False                               # the controller has seen this step's statistics
+    loss_scale: float = 1.0                              # fp16 loss scale of this backward (ZeRO-1/2), else 1

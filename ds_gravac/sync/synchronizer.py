@@ -36,7 +36,7 @@ from .collectives import Channels, broadcast, check_agreement
 from .exchange import DenseAllReduce, Exchange, payload_exchange
 from .hooks import HookManager
 from .host_memory import release_freed_host_memory
-from .memory import ErrorFeedbackMemory, flat_fp32, write_grads
+from .memory import ErrorFeedbackMemory, write_grads
 from .nonfinite import nonfinite_step
 from .planner import Planner
 from .reduce_rule import ReduceRule
@@ -91,6 +91,8 @@ class Synchronizer:
         self.backward_end_t = 0.0
         self.last_launch_times: dict[int, float] = {}
         self.selection_check = SharedSelectionCheck(compressor, channels.control)
+        self.loss_scale: Callable[[], float] = lambda: 1.0   # ZeRO-1/2 fp16: the optimizer's current scale
+        self.after_write: Optional[Callable[[], None]] = None  # ZeRO-1/2: hand the averaged p.grad to partitions
         self.hooks = HookManager(engine, [m.param for m in self.members], self._begin, self._ready, self._finish)
 
     # ---- plan -------------------------------------------------------------------------------------------
@@ -136,7 +138,8 @@ class Synchronizer:
                             f"ranks hold different controller states at step {step} (agreement_check_interval)")
         decision = self.controller.decide(step, self.stats.agreed_lr, force_dense=not self.plan.frozen)
         plan = self.planner.step_plan(step, decision)
-        self.running = RunningStep(plan=plan, pending=[len(b.members) for b in self.plan.buckets], t_begin=t0)
+        self.running = RunningStep(plan=plan, pending=[len(b.members) for b in self.plan.buckets], t_begin=t0,
+                                   loss_scale=float(self.loss_scale()))
         if self.aggregate is not None:
             self.aggregate.begin(step, plan.probes)
         if self.config.debug.check_plans:
@@ -198,7 +201,7 @@ class Synchronizer:
             ctx.step = plan.step
         self.update_space.begin(ctxs)
         norms: list[torch.Tensor] = []
-        xs = mem.stage(self.comp, ctxs, self.config.error_feedback, squares=norms)
+        xs = mem.stage(self.comp, ctxs, self.config.error_feedback, squares=norms, inv_scale=1.0 / run.loss_scale)
         for ctx, x in zip(ctxs, xs):
             ctx.residual = x
         squares = torch.stack(norms).double()
@@ -207,7 +210,7 @@ class Synchronizer:
             self._mark_nonfinite([m for m, sq in zip(codec.bucket.members, squares.tolist()) if not math.isfinite(sq)])
         st.den += den
         if self.config.gain_denominator == "raw":
-            st.den_raw += sum(float(torch.dot(g, g)) for g in (flat_fp32(m.param.grad) for m in codec.bucket.members))
+            st.den_raw += sum(float(torch.dot(g, g)) for g in (mem.grad(m) for m in codec.bucket.members))
         if self.aggregate is not None:
             self.aggregate.stage(b, mem.scratch)
         st.stage_s += time.perf_counter() - t0
@@ -284,6 +287,8 @@ class Synchronizer:
             work.wait()
             agreed = self.stats.agree(rows, run.plan)
         timings = self._complete(agreed)
+        if self.after_write is not None:
+            self.after_write()
         if self.aggregate is not None:
             self.aggregate.end_step(agreed.nonfinite == 0)
         timings["finish_s"] = time.perf_counter() - t0
@@ -336,7 +341,7 @@ class Synchronizer:
                 mem, ctxs = self.memory.bucket(b), self.planner.ctxs[b]
                 if collect is not None:
                     for m in bucket.members:
-                        collect(m.name, flat_fp32(m.param.grad))
+                        collect(m.name, mem.grad(m))
                 if run.plan.actions[b].compressed:
                     mem.commit_compressed(self.comp, None if self.partitioned else run.layouts[b].payloads, ctxs)
                     self.server.commit(b)
@@ -354,6 +359,8 @@ class Synchronizer:
             t2 = time.perf_counter()
             if bucket.compressible:
                 self.update_space.to_gradient(bucket.members, self.planner.ctxs[b], flat, run.plan.step)
+                if run.loss_scale != 1.0:
+                    flat.mul_(run.loss_scale)          # back into the scaled space the optimizer unscales
                 write_grads(bucket.members, flat, alias=flat is self.memory.bucket(b).scratch)
             else:
                 ex.write_back([m.param.grad for m in bucket.members])

@@ -13,13 +13,14 @@ from harness import run_ranks
 
 ZERO_OK = {"zero_allow_untested_optimizer": True}
 ENGINE_CASES = {
-    "zero1": ({"zero_optimization": {"stage": 1}, **ZERO_OK}, None,
-              "requires zero_optimization.stage == 0 (found 1)"),
-    "zero2": ({"zero_optimization": {"stage": 2}, **ZERO_OK}, None,
-              "requires zero_optimization.stage == 0 (found 2)"),
     "zero3": ({"zero_optimization": {"stage": 3}, **ZERO_OK}, None,
-              "requires zero_optimization.stage == 0 (found 3)"),
-    "fp16": ({}, ("fp16_enabled", lambda: True), "fp16 is not supported"),
+              "zero_optimization.stage 3 is not supported (allowed: 0, 1, 2)"),
+    "zero_offload": ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}, **ZERO_OK}, None,
+                     "zero_optimization.offload_optimizer is not supported"),
+    "zero_bf16_fp32_accumulation": ({"zero_optimization": {"stage": 1}, "bf16": {"enabled": True},
+                                     "data_types": {"grad_accum_dtype": "fp32"}, **ZERO_OK}, None,
+                                    "data_types.grad_accum_dtype different from the model dtype"),
+    "fp16": ({}, ("fp16_enabled", lambda: True), "fp16 with zero_optimization.stage 0 is not supported"),
     "autocast_fp16": ({"torch_autocast": {"enabled": True, "dtype": "torch.float16"}}, None,
                       "torch_autocast with float16"),
     "tensor_parallel": ({}, ("mp_world_size", 2), "model/sequence parallelism is not supported"),
@@ -27,8 +28,6 @@ ENGINE_CASES = {
     "unmanaged": ({"managed_gradient_accumulation": False}, None, "managed_gradient_accumulation is false"),
 }
 UNIMPLEMENTED_CASES = {
-    "cost_model_chunks": ({"mode": "static", "selection": "cost_model", "cost_model": {"max_chunks": 4}},
-                          "cost_model.max_chunks 4"),
     "cost_model_lowrank": ({"mode": "static", "selection": "cost_model", "compressor": "powersgd"},
                            "selection 'cost_model' is not available in this version for the compressor 'powersgd'"),
     "rank0_decisions": ({"decision_source": "rank0"}, "decision_source 'rank0'"),
