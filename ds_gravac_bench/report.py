@@ -56,6 +56,7 @@ def system_summary(sid: str, records: list[dict], meta: dict[str, Any]) -> dict[
         "cf_sent": [r.get("cf_sent") for r in records], "branch": [r.get("branch") for r in records],
         "loss": losses, "smoothed": smooth(losses), "step_times": [float(r.get("time/step") or 0) for r in records],
         "final": {"loss": smooth(losses)[-1] if losses else None},
+        "peak_rss_mb": max((float(r["mem/peak_rss_mb"]) for r in records if r.get("mem/peak_rss_mb")), default=None),
     }
 
 
@@ -126,8 +127,8 @@ def markdown(results: dict[str, Any]) -> str:
              "", f"Target loss (ds_dense smoothed at 75% of the budget): {_fmt(results['target_loss'], 4)}", "",
              _compute_line(results), "",
              "| system | step s (p10–p90) | compute / codec / comm s | bytes/step logical (veth) | time to target s "
-             "| vs ds_dense | vs topk10 | final loss | bound s | gap | step / compute-only |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| vs ds_dense | vs topk10 | final loss | bound s | gap | step / compute-only | peak RSS MB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in results["systems"]:
         st, b = s["step_time"], s["bytes_per_step"]
         lines.append(
@@ -135,9 +136,11 @@ def markdown(results: dict[str, Any]) -> str:
             f"{_fmt(st['codec'])} / {_fmt(st['comm_exposed'])} | {_fmt((b['logical'] or 0) / 1e6, 2)} MB "
             f"({_fmt((b['veth'] or 0) / 1e6, 2)} MB) | {_fmt(s['time_to_target_s'], 1)} | "
             f"{_fmt(s['speedup_vs_ds_dense'])}x | {_fmt(s['speedup_vs_topk10'])}x | {_fmt(s['final']['loss'], 4)} | "
-            f"{_fmt(s['bound']['t_bound'])} | {_fmt(s['bound']['gap'])} | {_fmt(s['bound'].get('step_over_compute'))} |")
+            f"{_fmt(s['bound']['t_bound'])} | {_fmt(s['bound']['gap'])} | {_fmt(s['bound'].get('step_over_compute'))} | "
+            f"{_fmt(s.get('peak_rss_mb'), 0)} |")
     lines += ["", "veth bytes include start-up traffic (DeepSpeed's parameter broadcast at initialize), divided by "
-              "the step count; logical bytes are the ds_gravac accounting (docs/design.md).",
+              "the step count; logical bytes are the ds_gravac accounting (docs/design.md). Peak RSS: rank 0's "
+              "resident set high-water mark (ranks are symmetric), libraries included.",
               "Paper reference numbers (GraVAC, 32 V100s): speed-up over static Top-k 10x — ResNet101 4.32×, VGG16 "
               "1.95×, LSTM 6.67× (docs/BENCHMARKS.md)."]
     return "\n".join(lines) + "\n"

@@ -24,6 +24,7 @@ class SystemSpec:
     gravac: Optional[dict[str, Any]]
     note: str = ""
     runner_args: tuple[str, ...] = ()   # extra runner options (e.g. the PowerSGD rank)
+    zero_stage: int = 0                 # the base config's zero_optimization.stage for this system
 
 
 # Not a training system: every rank's process alone on its core, no communication (the report's T_compute).
@@ -75,8 +76,20 @@ def system_matrix(steps: int, epsilon: float = 0.7, theta_min: float = 10.0) -> 
         *lowrank_systems(gravac, window),
         *quantizer_systems(gravac),
         *costmodel_systems(),
+        *zero_systems(),
     ]
     return {s.id: s for s in specs}
+
+
+def zero_systems() -> list[SystemSpec]:
+    """ZeRO-1/2: DeepSpeed's own ZeRO reduction against ds_gravac dense and Top-k 100x taking it over (the same
+    config otherwise; peak memory per rank is in every row, ZeRO-0's in ``ds_dense``/``gv_topk_100``)."""
+    return [spec for stage in (1, 2) for spec in (
+        SystemSpec(f"ds_zero{stage}", "deepspeed", None, f"DeepSpeed ZeRO-{stage}'s own reduction", zero_stage=stage),
+        SystemSpec(f"gv_dense_zero{stage}", "gravac", {"mode": "dense"}, f"ds_gravac dense under ZeRO-{stage}",
+                   zero_stage=stage),
+        SystemSpec(f"gv_topk_100_zero{stage}", "gravac", _static("topk", 100), f"Top-k 100x under ZeRO-{stage}",
+                   zero_stage=stage))]
 
 
 def quantizer_systems(gravac: dict[str, Any]) -> list[SystemSpec]:
@@ -210,9 +223,26 @@ def system_config(base: dict[str, Any], spec: SystemSpec) -> dict[str, Any]:
     """The DeepSpeed config one system runs: the base without its "gravac" section, plus the system's."""
     cfg = copy.deepcopy(base)
     cfg.pop("gravac", None)
+    if spec.zero_stage:      # SGD is outside DeepSpeed's list of ZeRO-tested optimizers, hence the flag
+        cfg["zero_optimization"] = {**cfg.get("zero_optimization", {}), "stage": spec.zero_stage}
+        cfg["zero_allow_untested_optimizer"] = True
+        _drop_constant_torch_scheduler(cfg, spec.id)
     if spec.gravac is not None:
         cfg["gravac"] = copy.deepcopy(spec.gravac)
     return cfg
+
+
+def _drop_constant_torch_scheduler(cfg: dict[str, Any], sid: str) -> None:
+    """DeepSpeed hands a torch scheduler its ZeRO optimizer, which is no ``torch.optim.Optimizer`` ("... is not an
+    Optimizer"). The shipped CIFAR configs' ``MultiStepLR`` starts decaying at step 9000, far past any benchmark
+    budget, so without it the learning rate is the same; any other torch scheduler is refused."""
+    sched = cfg.get("scheduler") or {}
+    if sched.get("type") != "MultiStepLR":
+        return
+    if min(sched.get("params", {}).get("milestones", [0])) < 1000:
+        raise ValueError(f"system '{sid}': ZeRO cannot run the torch scheduler MultiStepLR whose milestones fall "
+                         f"inside a benchmark budget; use a DeepSpeed scheduler in the base config")
+    cfg.pop("scheduler")
 
 
 def ablation_ladder(compressor: str, cf: float) -> dict[str, SystemSpec]:

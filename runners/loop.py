@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import sys
 import time
 from dataclasses import dataclass
@@ -165,7 +166,8 @@ def step_record(task: Task, system: System, dist: DistInfo, losses: list[float],
     """Loss is rank 0's own (no extra collective in the timed path); rates count all ranks."""
     samples = dist.world_size * task.samples_per_micro_batch * len(losses)
     rec: dict[str, Any] = {"step": system.global_steps, "system": system.name, "loss": sum(losses) / len(losses),
-                           "lr": system.lr(), "time/step": step_time, "samples_per_s": samples / step_time}
+                           "lr": system.lr(), "time/step": step_time, "samples_per_s": samples / step_time,
+                           "mem/peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     if task.tokens_per_micro_batch:
         rec["tokens_per_s"] = dist.world_size * task.tokens_per_micro_batch * len(losses) / step_time
     logical = system.logical_bytes()
