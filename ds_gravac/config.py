@@ -54,7 +54,7 @@ class CostModelConfig(StrictModel):
     probe_bytes: list[int] = Field(default_factory=lambda: [16384, 262144, 2097152])
     probe_repeats: int = Field(3, ge=1, le=20)
     refit_interval: int = Field(200, ge=0)
-    max_chunks: int = Field(1, ge=1, le=64)       # pipeline chunks per bucket: only 1 in this version
+    max_chunks: int = Field(1, ge=1, le=64)       # most pipeline chunks the plan may split a compressed bucket into
     margin: float = Field(0.9, gt=0, le=1)
 
     @field_validator("probe_bytes")
@@ -178,9 +178,6 @@ def unavailable_settings(config: GravacConfig) -> list[str]:
 
     They are refused at attach rather than silently ignored: a user who sets them expects them to act."""
     out = []
-    if config.cost_model.max_chunks > 1:
-        out.append(f"cost_model.max_chunks {config.cost_model.max_chunks}: chunked pipelining inside a bucket is "
-                   f"not available in this version (allowed: 1); remove the key")
     if config.decision_source == "rank0":
         out.append("decision_source 'rank0': not available in this version; the default 'allreduce' already gives "
                    "every rank identical decisions")

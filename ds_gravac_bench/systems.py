@@ -114,11 +114,16 @@ def quantizer_systems(gravac: dict[str, Any]) -> list[SystemSpec]:
 def costmodel_systems() -> list[SystemSpec]:
     """Threshold against cost-model selection: the same static compressors with ``selection: "cost_model"`` and no
     size threshold, so the planner alone decides each bucket (and, for 1-bit, its exchange). Their threshold twins
-    are ``gv_topk_100`` and ``gv_onebit_ps``."""
+    are ``gv_topk_100`` and ``gv_onebit_ps``; ``gv_topk_costmodel_chunks4`` also lets the plan send a bucket in
+    up to 4 pipeline chunks (its twin: ``gv_topk_costmodel``)."""
     cm = {"selection": "cost_model", "min_compress_numel": 0}
     return [
         SystemSpec("gv_topk_costmodel", "gravac", {**_static("topk", 100), **cm},
                    "Top-k 100x, cost-model selection (threshold twin: gv_topk_100)"),
+        SystemSpec("gv_topk_costmodel_chunks4", "gravac",
+                   {**_static("topk", 100), **cm, "cost_model": {"max_chunks": 4}},
+                   "Top-k 100x, cost-model selection with up to 4 pipeline chunks per bucket "
+                   "(twin: gv_topk_costmodel)"),
         SystemSpec("gv_onebit_costmodel", "gravac",
                    {"mode": "static", "compressor": "onebit", "quantized_exchange": "auto", **cm},
                    "1-bit, cost-model selection of dense/compressed and CaSync-PS/all-gather per bucket "

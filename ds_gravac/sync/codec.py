@@ -33,6 +33,9 @@ class SendLayout:
     bulk_val_pos: Optional[torch.Tensor] = None
     bulk_offsets: Optional[torch.Tensor] = None
     buffers: dict[str, torch.Tensor] = field(default_factory=dict)   # receive buffers of the exchange pattern
+    first: int = 0                             # a chunk's layout: its first member and that member's offset
+    elem0: int = 0
+    chunks: dict[tuple[int, int], "SendLayout"] = field(default_factory=dict)   # chunk layouts (views of this)
 
 
 @dataclass
@@ -98,17 +101,40 @@ class BucketCodec:
             for q in second:
                 lay.round2_payloads.append(Payload(q, lay.round2[off:off + q.words]))
                 off += q.words
-        if self.comp.kind != Kind.SUMMABLE and all(_is_sparse_fp32(p) for p in plans):
-            idx_pos, val_pos, offs = [], [], []
-            for mem, p, o in zip(self.bucket.members, plans, offsets):
-                io, vo = o + p.offset_of("idx"), o + p.offset_of("val")
-                idx_pos.append(torch.arange(io, io + p.k, dtype=torch.int32))     # int32: buckets are < 2^31
-                val_pos.append(torch.arange(vo, vo + p.k, dtype=torch.int32))
-                offs.append(torch.full((p.k,), mem.offset, dtype=torch.int32))
-            lay.bulk_idx_pos = torch.cat(idx_pos).to(self.device)
-            lay.bulk_val_pos = torch.cat(val_pos).to(self.device)
-            lay.bulk_offsets = torch.cat(offs).to(self.device)
+        self._bulk_positions(lay)
         return lay
+
+    def _bulk_positions(self, lay: SendLayout) -> None:
+        """Sparse fp32 payloads: where every entry's index and value sit in a row, and its member's offset in the
+        decoded output (relative to the layout's first element), for one ``index_add_`` per row set."""
+        if self.comp.kind == Kind.SUMMABLE or not all(_is_sparse_fp32(p) for p in lay.plans):
+            return
+        idx_pos, val_pos, offs = [], [], []
+        for i, (p, o) in enumerate(zip(lay.plans, lay.word_offsets)):
+            io, vo = o + p.offset_of("idx"), o + p.offset_of("val")
+            idx_pos.append(torch.arange(io, io + p.k, dtype=torch.int32))     # int32: buckets are < 2^31
+            val_pos.append(torch.arange(vo, vo + p.k, dtype=torch.int32))
+            offs.append(torch.full((p.k,), self.bucket.members[lay.first + i].offset - lay.elem0, dtype=torch.int32))
+        lay.bulk_idx_pos = torch.cat(idx_pos).to(self.device)
+        lay.bulk_val_pos = torch.cat(val_pos).to(self.device)
+        lay.bulk_offsets = torch.cat(offs).to(self.device)
+
+    def chunk(self, lay: SendLayout, span: tuple[int, int]) -> SendLayout:
+        """The layout of members ``span[0]:span[1]`` of ``lay``: views of its send buffer and payloads (so encoding
+        into ``lay`` fills every chunk), its own receive buffers; decodes into the chunk's slice of the output."""
+        hit = lay.chunks.get(span)
+        if hit is None:
+            a, b = span
+            w0 = lay.word_offsets[a]
+            words = (lay.word_offsets[b - 1] + lay.plans[b - 1].words) - w0
+            plans = lay.plans[a:b]
+            hit = lay.chunks[span] = SendLayout(
+                plans, [o - w0 for o in lay.word_offsets[a:b]], words, lay.send[w0:w0 + words], lay.payloads[a:b],
+                values_sent=sum(p.values_sent for p in plans),
+                payload_words=sum(self.comp.sent_payload_words(p) for p in plans),
+                first=a, elem0=self.bucket.members[a].offset)
+            self._bulk_positions(hit)
+        return hit
 
     def _probe_payload(self, i: int, role: str, plan: TensorPlan) -> Payload:
         """A payload for a level that is measured but not sent: one buffer per member and role, grown on demand
@@ -138,25 +164,29 @@ class BucketCodec:
             if lay.round2 is not None:
                 total += lay.round2.numel() * lay.round2.element_size()
             total += sum(b.numel() * b.element_size() for b in lay.buffers.values())
+            total += sum(b.numel() * b.element_size() for c in lay.chunks.values() for b in c.buffers.values())
         return total
 
     # ---- encode -----------------------------------------------------------------------------------------
     def encode(self, xs: Sequence[torch.Tensor], send: Optional[tuple[float, ...]], probes: Sequence[float],
-               live: Sequence[bool], extra_sends: Sequence[tuple[float, ...]] = ()) -> tuple[
+               live: Sequence[bool], extra_sends: Sequence[tuple[float, ...]] = (),
+               span: Optional[tuple[int, int]] = None, stats: Optional[EncodeStats] = None) -> tuple[
                    Optional[SendLayout], EncodeStats]:
-        """Encode every member at its send level and at each live probe level (gains only).
+        """Encode every member (or those of ``span``, a pipeline chunk) at its send level and at each live probe
+        level (gains only); ``stats`` continues an earlier chunk's statistics, in member order.
 
         Multi-level: the first probe level (GraVAC's θ_min) is compressed directly; every level above it is
         derived from that payload (``compress_from``), every level below it is compressed directly — never chained
         from another derived level. A level that is also sent is encoded straight into the send buffer (and the
         ``extra_sends`` layouts of strict mode, whose branch is chosen later, likewise), so no level is compressed
         twice. Nothing here changes any state."""
-        st = EncodeStats(nums=[0.0] * len(probes))
+        st = stats if stats is not None else EncodeStats(nums=[0.0] * len(probes))
         lay = self.layout(send) if send is not None else None
         extra = [self.layout(t) for t in extra_sends]
         multilevel = self.comp.multilevel != "none"
         base = float(probes[0]) if probes and live[0] else None
-        for i, (mem, x, ctx) in enumerate(zip(self.bucket.members, xs, self.ctxs)):
+        for i in range(*(span or (0, len(self.ctxs)))):
+            mem, x, ctx = self.bucket.members[i], xs[i], self.ctxs[i]
             direct: dict[float, Payload] = {}
             if lay is not None:
                 direct[send[i]] = lay.payloads[i]
@@ -183,11 +213,12 @@ class BucketCodec:
                     st.probe_s += dt
         return lay, st
 
-    def leave_memory(self, xs: Sequence[torch.Tensor], lay: SendLayout) -> None:
-        """Turn each staged input in place into the memory it leaves after sending ``lay`` (``compressor.commit``:
-        ``x − D(p)``, or the compressor's own rule). Only the step's scratch changes."""
-        for x, p, ctx in zip(xs, lay.payloads, self.ctxs):
-            self.comp.commit(x, p, ctx)
+    def leave_memory(self, xs: Sequence[torch.Tensor], lay: SendLayout, span: Optional[tuple[int, int]] = None
+                     ) -> None:
+        """Turn each staged input (of ``span``'s members) in place into the memory it leaves after sending ``lay``
+        (``compressor.commit``: ``x − D(p)``, or the compressor's own rule). Only the step's scratch changes."""
+        for i in range(*(span or (0, len(self.ctxs)))):
+            self.comp.commit(xs[i], lay.payloads[i], self.ctxs[i])
 
     # ---- rounds and decode ----------------------------------------------------------------------------------
     def next_round(self, lay: SendLayout) -> None:
@@ -211,10 +242,17 @@ class BucketCodec:
         for i, (p1, p2, ctx) in enumerate(zip(lay.payloads, second, self.ctxs)):
             self.comp.commit_aggregate(ctx.residual, self.seg(out, i), [p1] if p2 is None else [p1, p2], ctx)
 
+    def _out(self, lay: SendLayout, out: torch.Tensor, i: int) -> tuple[torch.Tensor, CompressCtx]:
+        """Member ``i`` of ``lay`` (a chunk's layout counts from its first member): its segment of ``out``, which
+        starts at the layout's first element, and its context."""
+        m = self.bucket.members[lay.first + i]
+        return out[m.offset - lay.elem0:m.offset - lay.elem0 + m.numel], self.ctxs[lay.first + i]
+
     def decode_sum(self, lay: SendLayout, out: torch.Tensor, scale: float) -> None:
         """``out = scale · D(Σ_w p_w)`` for summable payloads (the send buffer holds the reduced sum)."""
         for i, p in enumerate(lay.payloads):
-            self.comp.decompress(p, self.seg(out, i), accumulate=False, scale=scale, ctx=self.ctxs[i])
+            seg, ctx = self._out(lay, out, i)
+            self.comp.decompress(p, seg, accumulate=False, scale=scale, ctx=ctx)
 
     def decode_rows(self, lay: SendLayout, rows: torch.Tensor, out: torch.Tensor, scale: float, bulk: bool) -> None:
         """``out = scale · Σ_w D(row_w)``, rows in rank order (one ``index_add_`` per bucket for sparse rows)."""
@@ -226,8 +264,9 @@ class BucketCodec:
             return
         for w in range(rows.shape[0]):
             for i, (plan, off) in enumerate(zip(lay.plans, lay.word_offsets)):
-                p = Payload(plan, rows[w, off:off + plan.words])
-                self.comp.decompress(p, self.seg(out, i), accumulate=True, scale=scale, ctx=self.ctxs[i])
+                seg, ctx = self._out(lay, out, i)
+                self.comp.decompress(Payload(plan, rows[w, off:off + plan.words]), seg, accumulate=True,
+                                     scale=scale, ctx=ctx)
 
     # ---- checks -----------------------------------------------------------------------------------------
     def shared_selection_digest(self, levels: tuple[float, ...]) -> int:

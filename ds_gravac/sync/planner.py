@@ -12,8 +12,8 @@ from ..compress.base import CompressCtx, Compressor, Kind
 from ..compress.optimizers import live_param_groups
 from ..config import GravacConfig
 from .buckets import BucketPlan, Member
-from .codec import BucketCodec
-from .exchange import PATTERNS
+from .codec import BucketCodec, SendLayout
+from .exchange import PATTERNS, ChunkedExchange, Exchange, chunk_spans
 from .memory import ErrorFeedbackMemory
 from .partition_codec import PartitionCodec
 from .reduce_rule import ReduceRule
@@ -87,6 +87,22 @@ class Planner:
         """The exchange pattern class of a compressed bucket's action."""
         return PATTERNS[action.exchange] if action.exchange else self.pattern
 
+    def exchange(self, b: int, action: BucketAction, lay: SendLayout) -> Exchange:
+        """The exchange of compressed bucket b sending ``lay``: its pattern, whole or in the action's chunks."""
+        if action.chunks > 1:
+            return self.chunked(b, action, lay)
+        return self.pattern_of(action)(self.codecs[b], lay, self.world_size, f"bucket {b} (compressed)",
+                                       self.config.bulk)
+
+    def chunked(self, b: int, action: BucketAction, lay: Optional[SendLayout] = None) -> ChunkedExchange:
+        """Bucket b's pattern in the action's pipeline chunks (member groups of the frozen bucket plan, so the
+        same on every rank), sending ``lay`` (default: the layout of the action's levels)."""
+        codec = self.codecs[b]
+        spans = chunk_spans([m.numel for m in codec.bucket.members], action.chunks)
+        return ChunkedExchange(codec, lay if lay is not None else codec.layout(action.levels), action.levels,
+                               self.pattern_of(action), spans, self.world_size, f"bucket {b} (compressed)",
+                               self.config.bulk)
+
     def action(self, b: int, decision: "StepDecision", step: int) -> BucketAction:
         bucket = self.plan.buckets[b]
         if not bucket.compressible or decision.dense:
@@ -97,7 +113,7 @@ class Planner:
         predicted = (c.pred_dense_s, c.pred_compressed_s) if math.isfinite(c.pred_dense_s) else None
         if c.dense:
             return DENSE if predicted is None else BucketAction(ActionKind.DENSE, predicted=predicted)
-        return compress(levels, c.exchange, predicted)
+        return compress(levels, c.exchange, predicted, c.chunks)
 
     def step_plan(self, step: int, decision: "StepDecision") -> StepPlan:
         probes = tuple(float(self.comp.realize_cf(p)) for p in decision.probe_levels)

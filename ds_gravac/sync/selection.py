@@ -30,6 +30,7 @@ class Choice:
     exchange: str = ""                  # pattern name; "" = the compressor's own pattern
     pred_dense_s: float = math.nan
     pred_compressed_s: float = math.nan
+    chunks: int = 1                     # pipeline chunks of a compressed send (cost model only)
 
 
 class Selector(Protocol):

@@ -25,6 +25,7 @@ class BucketAction:
     kind: ActionKind
     levels: tuple[float, ...] = ()      # per member, only for COMPRESS
     exchange: str = ""                  # pattern name chosen by the planner; "" = the compressor's own
+    chunks: int = 1                     # pipeline chunks of a compressed bucket (cost model), each a collective
     # the cost model's predicted (dense, compressed) seconds: telemetry only, never compared or hashed
     predicted: Optional[tuple[float, float]] = field(default=None, compare=False)
 
@@ -38,8 +39,8 @@ DEFERRED = BucketAction(ActionKind.DEFERRED)
 
 
 def compress(levels: tuple[float, ...], exchange: str = "",
-             predicted: Optional[tuple[float, float]] = None) -> BucketAction:
-    return BucketAction(ActionKind.COMPRESS, tuple(float(v) for v in levels), exchange, predicted)
+             predicted: Optional[tuple[float, float]] = None, chunks: int = 1) -> BucketAction:
+    return BucketAction(ActionKind.COMPRESS, tuple(float(v) for v in levels), exchange, int(chunks), predicted)
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,8 @@ class StepPlan:
     def digest(self) -> int:
         """63-bit hash of everything that selects a collective this step (for ``debug.check_plans``)."""
         parts = [str(self.step), str(self.decision.branch), repr(self.probes), str(self.phase)]
-        parts += [f"{a.kind.value}:{a.levels!r}" + (f"@{a.exchange}" if a.exchange else "") for a in self.actions]
+        parts += [f"{a.kind.value}:{a.levels!r}" + (f"@{a.exchange}" if a.exchange else "")
+                  + (f"/{a.chunks}" if a.chunks > 1 else "") for a in self.actions]
         return stable_hash("|".join(parts))
 
     def with_actions(self, decision: "StepDecision", actions: tuple[BucketAction, ...]) -> "StepPlan":

@@ -217,13 +217,15 @@ class Synchronizer:
         width = len(codec.bucket.members)
         live = [not self.planner.dense_at(b, (p,) * width) for p in plan.probes]
         st.add_nums([0.0 if ok else den for ok in live])      # levels that would go dense count ‖x‖² fully
-        action = plan.actions[b]
+        action, ex = plan.actions[b], None
         if action.kind is ActionKind.DEFERRED:
             lay, es = codec.encode(xs, None, plan.probes, live,
                                    extra_sends=self.planner.strict_candidates(plan, b))
             run.staged[b] = xs
-        elif action.compressed:
-            lay, es = codec.encode(xs, action.levels, plan.probes, live)
+        elif action.compressed:      # in chunks (cost model): chunk j+1 is encoded while chunk j is in flight
+            ex = self.planner.chunked(b, action) if action.chunks > 1 else None
+            lay, es = codec.encode(xs, action.levels, plan.probes, live) if ex is None else \
+                ex.encode_and_issue(xs, plan.probes, live, self.channels.data_channels, self._issue_held)
             run.encode_s[b] = es.compress_s - es.probe_s
         else:
             lay, es = codec.encode(xs, None, plan.probes, live) if plan.probes else (None, None)
@@ -232,18 +234,18 @@ class Synchronizer:
             st.compress_s += es.compress_s
             st.probe_s += es.probe_s
         if action.kind is not ActionKind.DEFERRED:
-            self._send_compressible(b, action, xs, lay)
+            self._send_compressible(b, action, xs, lay, ex)
 
     def _send_compressible(self, b: int, action: BucketAction, xs: list[torch.Tensor],
-                           lay: Optional[SendLayout]) -> None:
-        """Launch a staged compressible bucket: its payload with the compressor's pattern, or x dense."""
+                           lay: Optional[SendLayout], ex: Optional[Exchange] = None) -> None:
+        """Launch a staged compressible bucket: its payload (``ex``: in chunks, already issued), or x dense."""
         run, codec, mem = self.running, self.codecs[b], self.memory.bucket(b)
         if action.compressed:
             assert lay is not None
-            codec.leave_memory(xs, lay)
+            if ex is None:
+                codec.leave_memory(xs, lay)
+                ex = self.planner.exchange(b, action, lay)
             run.layouts[b] = lay
-            ex = self.planner.pattern_of(action)(codec, lay, self.world_size, f"bucket {b} (compressed)",
-                                                 self.config.bulk)
             self.selection_check.record(codec, action.levels)
             self._start(b, ex, lay.values_sent)
         else:

@@ -18,7 +18,8 @@ import torch
 import models as M
 from harness import run_ranks
 
-BUCKET_KEYS = {"bucket", "numel", "choice", "exchange", "pred_dense_s", "pred_compressed_s", "measured_s"}
+BUCKET_KEYS = {"bucket", "numel", "choice", "exchange", "chunks", "pred_dense_s", "pred_compressed_s",
+               "measured_s"}
 RECORD_KEYS = {"cost_model/fits_version", "cost_model/calibration_s", "cost_model/predicted_s",
                "cost_model/measured_s", "cost_model/compressed_buckets", "cost_model/buckets"}
 

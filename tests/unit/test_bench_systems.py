@@ -68,6 +68,9 @@ def test_cost_model_systems_differ_from_their_threshold_twins_only_in_selection(
         check_priceable(comp, exchange_candidates(cfg.quantized_exchange, comp))
     assert exchange_candidates("auto", build_compressor(parse_config(matrix["gv_onebit_costmodel"].gravac))) == \
         ("casync_ps", "allgather")
+    chunked, whole = matrix["gv_topk_costmodel_chunks4"].gravac, matrix["gv_topk_costmodel"].gravac
+    assert {k: v for k, v in chunked.items() if k != "cost_model"} == whole and "cost_model" not in whole
+    assert chunked["cost_model"] == {"max_chunks": 4} and unavailable_settings(parse_config(chunked)) == []
 
 
 @pytest.mark.parametrize("bad", ["topk", "powersgd:4", "topk:0.5", "topk:x"])

@@ -242,7 +242,6 @@ def test_fuzz_strategies_are_not_vacuous() -> None:
 
 
 UNAVAILABLE: list[tuple[dict[str, Any], str, str]] = [      # (section, key and value, what to do instead)
-    ({"selection": "cost_model", "cost_model": {"max_chunks": 4}}, "cost_model.max_chunks 4", "allowed: 1"),
     ({"decision_source": "rank0"}, "decision_source 'rank0'", "the default 'allreduce'"),
     ({"telemetry": {"timing": False}}, "telemetry.timing false", "remove the key"),
 ]
@@ -276,9 +275,9 @@ def test_all_unavailable_settings_are_reported_together() -> None:
                                "telemetry": {"timing": False}}
     with pytest.raises(GravacUnsupportedError) as info:
         reject_unimplemented(parse_config(section))
-    for key in ("cost_model.max_chunks", "decision_source", "cost_model.max_chunks 2: only used", "telemetry.timing"):
+    for key in ("decision_source", "cost_model.max_chunks 2: only used", "telemetry.timing"):
         assert key in str(info.value), key
-    assert len(unavailable_settings(parse_config(section))) == 4
+    assert len(unavailable_settings(parse_config(section))) == 3
 
 
 @pytest.mark.parametrize("section, key", [
@@ -300,7 +299,8 @@ def test_edge_cases_name_their_key(section: dict[str, Any], key: str) -> None:
                                      {"quantized_exchange": "allgather"}, {"cost_model": {"margin": "auto"}},
                                      {"selection": "threshold", "decision_source": "allreduce"},
                                      {"selection": "cost_model"}, {"selection": "cost_model", "cost_model": {
-                                         "margin": 0.5, "refit_interval": 0, "max_chunks": 1}}])
+                                         "margin": 0.5, "refit_interval": 0, "max_chunks": 1}},
+                                     {"selection": "cost_model", "cost_model": {"max_chunks": 4}}])
 def test_defaults_and_effective_settings_pass(section: dict[str, Any]) -> None:
     assert unavailable_settings(parse_config(section)) == []
 

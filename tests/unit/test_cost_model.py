@@ -157,11 +157,11 @@ def _fits(link_b: float, enc_b: float = 1e-9, level: float = 10.0) -> FitTable:
                      f"encode@{level:g}": LinearFit(3e-5, enc_b), f"decode@{level:g}": LinearFit(3e-5, enc_b / 4)})
 
 
-def _selector(comp, margin: float = 0.9, world: int = 2, fits: FitTable | None = None, auto: str = "auto"
-              ) -> CostModelSelector:
+def _selector(comp, margin: float = 0.9, world: int = 2, fits: FitTable | None = None, auto: str = "auto",
+              max_chunks: int = 1) -> CostModelSelector:
     cfg = parse_config({"mode": "static", "quantized_exchange": auto})
     threshold = ThresholdSelector(cfg, PATTERNS[exchange_candidates(auto, comp)[0]], RULE, world)
-    sel = CostModelSelector(margin, exchange_candidates(auto, comp), RULE, world, threshold)
+    sel = CostModelSelector(margin, exchange_candidates(auto, comp), RULE, world, threshold, max_chunks)
     if fits is not None:
         sel.set_fits(fits)
     return sel
@@ -263,3 +263,111 @@ def test_every_priceable_compressor_calibrates_on_a_private_copy() -> None:
         assert (dict(comp._plans), repr(comp.state_dict())) == before, name
         priced += 1
     assert priced >= 14
+
+
+# ---- chunked pipelining ----------------------------------------------------------------------------------------
+def test_chunks_are_contiguous_member_groups_near_equal_size() -> None:
+    from ds_gravac.sync.exchange import chunk_spans
+    assert chunk_spans([100] * 4, 2) == [(0, 2), (2, 4)]
+    assert chunk_spans([100] * 4, 4) == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    assert chunk_spans([1280, 16384, 16384, 16384], 2) == [(0, 2), (2, 4)]     # cut nearest 25216: 17664
+    assert chunk_spans([10, 1000, 10], 3) == [(0, 1), (1, 2), (2, 3)]         # every chunk keeps a member
+    assert chunk_spans([5000, 10, 10, 10], 2) == [(0, 1), (1, 4)]
+    assert chunk_spans([7], 1) == [(0, 1)]
+
+
+def test_chunk_counts_follow_the_plan_rule() -> None:
+    """K ∈ {1, 2, 4, …, max_chunks}, m/K ≥ 4096, at most one chunk per member."""
+    from ds_gravac.sync.exchange import chunk_counts
+    assert chunk_counts(65536, 8, 8) == [1, 2, 4, 8]
+    assert chunk_counts(65536, 8, 6) == [1, 2, 4]
+    assert chunk_counts(65536, 3, 8) == [1, 2]
+    assert chunk_counts(16384, 8, 8) == [1, 2, 4] and chunk_counts(16383, 8, 8) == [1, 2]
+    assert chunk_counts(8191, 8, 8) == [1] and chunk_counts(10**6, 8, 1) == [1]
+
+
+def _pipelined(e: list[float], c: list[float]) -> float:
+    """By hand, equal chunks: e_1 + c_1 + (K−1)·max(e, c)."""
+    return e[0] + c[0] + (len(e) - 1) * max(e[0], c[0])
+
+
+def test_chunked_allgather_time_by_hand() -> None:
+    """Four top-k members of 8192 at θ = 10 (k = 820, payload 2k words each), N = 2, in K = 1, 2, 4 chunks:
+    stage + pipeline(encode_j, all_gather_j) + N·Σ decode + write-back."""
+    sizes, n, m = [8192] * 4, 2, 32768
+    plans = _codec(TopK(), sizes).plans((10.0,) * 4)
+    edges = (1e-5 + 1e-9 * m) + (2e-5 + 2e-9 * m)
+    dec = 4 * (6e-5 + 5e-9 * 8192)
+    for k, spans in ((1, [(0, 4)]), (2, [(0, 2), (2, 4)]), (4, [(0, 1), (1, 2), (2, 3), (3, 4)])):
+        per = 4 // k
+        enc_j = per * (5e-5 + 4e-9 * 8192)
+        net_j = 2e-4 + 2e-8 * 4 * per * 2 * 820
+        expected = edges + _pipelined([enc_j] * k, [net_j] * k) + n * dec
+        assert compressed_time(FITS, "allgather", m, n, plans, spans) == pytest.approx(expected, rel=1e-12), k
+    assert compressed_time(FITS, "allgather", m, n, plans, [(0, 4)]) == \
+        pytest.approx(compressed_time(FITS, "allgather", m, n, plans), rel=1e-12)
+
+
+def test_pipeline_of_unequal_chunks() -> None:
+    from ds_gravac.sync.cost_model.predict import pipeline_time
+    assert pipeline_time([1.0, 1.0], [3.0, 3.0]) == 7.0          # the link is the bottleneck: e_1 + 2c
+    assert pipeline_time([3.0, 3.0], [1.0, 1.0]) == 7.0          # the CPU is: 2e + c_K
+    assert pipeline_time([1.0, 5.0], [4.0, 1.0]) == 7.0          # chunk 2's encode outlasts chunk 1's send
+    assert pipeline_time([2.0], [3.0]) == 5.0
+
+
+def _chunk_fits(link_a: float) -> FitTable:
+    """Encode and link of the same cost per element of Top-k θ = 10 (the all-gather moves 0.8 bytes per
+    element), and a fixed cost ``link_a`` per collective."""
+    return FitTable({STAGE: LinearFit(1e-6, 1e-10), WRITEBACK: LinearFit(1e-6, 1e-10),
+                     ALL_REDUCE: LinearFit(1e-4, 8e-9), ALL_GATHER: LinearFit(link_a, 1e-8),
+                     "encode@10": LinearFit(1e-6, 8e-9), "decode@10": LinearFit(1e-6, 1e-10)})
+
+
+@pytest.mark.parametrize("link_a", [0.0, 1e-5, 1e-4, 3e-4, 1e-3])
+def test_planner_takes_the_chunk_count_the_formula_favours(link_a: float) -> None:
+    """Eight members of 16384 (m = 131072), max_chunks 8: every K ∈ {1, 2, 4, 8} is allowed; the chosen K is the
+    argmin of the hand-computed T(K) (ties: fewer chunks); more fixed cost per collective, fewer chunks."""
+    sizes, m, n = [16384] * 8, 131072, 2
+    codec = _codec(TopK(), sizes)
+    words = 2 * 1639                                      # k = ceil(16384 / 10)
+    expected_t = {}
+    for k in (1, 2, 4, 8):
+        per = 8 // k
+        enc_j = per * (1e-6 + 8e-9 * 16384)
+        net_j = link_a + 1e-8 * 4 * per * words
+        expected_t[k] = 2 * (1e-6 + 1e-10 * m) + _pipelined([enc_j] * k, [net_j] * k) \
+            + n * 8 * (1e-6 + 1e-10 * 16384)
+    best = min(expected_t, key=lambda k: (expected_t[k], k))
+    choice = _selector(TopK(), fits=_chunk_fits(link_a), max_chunks=8).choose(codec, (10.0,) * 8)
+    assert not choice.dense and choice.chunks == best
+    assert choice.pred_compressed_s == pytest.approx(expected_t[best], rel=1e-12)
+    assert best == {0.0: 8, 1e-5: 8, 1e-4: 4, 3e-4: 2, 1e-3: 1}[link_a]        # the sweep covers every K
+
+
+def test_one_chunk_when_max_chunks_is_1_or_chunks_would_be_small() -> None:
+    fits = _chunk_fits(0.0)
+    assert _selector(TopK(), fits=fits, max_chunks=1).choose(_codec(TopK(), [16384] * 8), (10.0,) * 8).chunks == 1
+    small = _selector(TopK(), fits=fits, max_chunks=8).choose(_codec(TopK(), [2048] * 8), (10.0,) * 8)
+    assert small.chunks == 4                                        # 16384 / 4 = 4096; 8 chunks would be 2048
+    tiny = _selector(TopK(), fits=fits, max_chunks=8).choose(_codec(TopK(), [1000] * 8), (10.0,) * 8)
+    assert tiny.chunks == 1                                         # 8000 elements: even 2 chunks are too small
+    one = _selector(TopK(), fits=fits, max_chunks=8).choose(_codec(TopK(), [131072]), (10.0,))
+    assert one.chunks == 1                                          # tensors are never split
+
+
+def test_chunk_limit_keeps_quantizers_and_strict_decisions_at_one_chunk() -> None:
+    from ds_gravac.sync.cost_model.selector import chunk_limit
+    cfg = parse_config({"selection": "cost_model", "cost_model": {"max_chunks": 4}})
+    assert chunk_limit(cfg, TopK()) == 4 and chunk_limit(cfg, OneBit()) == 1
+    strict = parse_config({"selection": "cost_model", "decision": "strict", "cost_model": {"max_chunks": 4}})
+    assert chunk_limit(strict, TopK()) == 1
+    assert chunk_limit(parse_config({"selection": "cost_model"}), TopK()) == 1
+
+
+def test_chunks_are_part_of_the_plan_digest() -> None:
+    from ds_gravac.sync.step_plan import StepPlan, compress
+    decision = type("D", (), {"branch": "compressed"})()
+    plans = [StepPlan(1, decision, (), (compress((10.0,), "", None, k),)) for k in (1, 2)]
+    assert plans[0].digest() != plans[1].digest()
+    assert plans[0].actions[0] == compress((10.0,))

@@ -20,7 +20,7 @@ from . import samples as step_samples
 from .calibrate import Sample, agree, calibrate
 from .fits import (ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, STAGE, WRITEBACK, ZERO, FitTable, LinearFit, SampleWindow,
                    decode_key, encode_key, least_squares)
-from .selector import CostModelSelector, check_priceable, exchange_candidates
+from .selector import CostModelSelector, check_priceable, chunk_limit, exchange_candidates
 
 if TYPE_CHECKING:
     from ..buckets import BucketPlan
@@ -36,7 +36,8 @@ class CostModel(CostModelSelector):
                  channels: Channels, fallback: ThresholdSelector) -> None:
         candidates = exchange_candidates(config.quantized_exchange, compressor)
         check_priceable(compressor, candidates)
-        super().__init__(config.cost_model.margin, candidates, rule, world_size, fallback)
+        super().__init__(config.cost_model.margin, candidates, rule, world_size, fallback,
+                         chunk_limit(config, compressor))
         self.config, self.comp, self.channels = config, compressor, channels
         self.windows: dict[str, SampleWindow] = {}
         self.calibration: dict[str, list[Sample]] = {}
@@ -99,8 +100,8 @@ class CostModel(CostModelSelector):
         self.set_fits(agree(FitTable(local), self.channels))
 
     def record(self, run: Any, plan: "BucketPlan") -> dict[str, Any]:
-        """Per compressible bucket: choice, exchange, predicted dense and compressed seconds, measured seconds
-        (launch to the return of its last wait)."""
+        """Per compressible bucket: choice, exchange, pipeline chunks, predicted dense and compressed seconds,
+        measured seconds (launch to the return of its last wait)."""
         rows, predicted, measured = [], 0.0, 0.0
         for bucket in plan.buckets:
             b = bucket.index
@@ -113,6 +114,7 @@ class CostModel(CostModelSelector):
             pd, pc = action.predicted if action.predicted is not None else (math.nan, math.nan)
             rows.append({"bucket": b, "numel": bucket.numel, "choice": "compress" if action.compressed else "dense",
                          "exchange": (action.exchange or self.candidates[0]) if action.compressed else "dense",
+                         "chunks": action.chunks if action.compressed else 1,
                          "pred_dense_s": pd, "pred_compressed_s": pc, "measured_s": took})
             chosen = pc if action.compressed else pd
             predicted += chosen if math.isfinite(chosen) else 0.0

@@ -2,8 +2,9 @@
 
 * Encode: the sent level's encode time of each compressed bucket (one call per member or partition).
 * Decode: the time of the bucket's final decode (``Exchange.result``); an all-gather decodes every rank's row.
-* Collectives: ``completion − max(launch, completion of the previous collective on the same channel)``, taken
-  only from collectives that were still running when waited for — only then is their completion time known
+* Collectives (every pipeline chunk's collective is a sample of its own size): ``completion − max(launch,
+  completion of the previous collective on the same channel)``, taken only from collectives that were still
+  running when waited for — only then is their completion time known
   (one that finished during backward is seen complete at some later moment, which says nothing).
 """
 from __future__ import annotations
@@ -38,8 +39,8 @@ def collective_samples(exchanges: dict[int, Any]) -> Iterator[tuple[str, Sample]
     """``(kind, sample)`` of every data collective whose end was observed (see the module docstring)."""
     per_channel: dict[int, list[Any]] = {}
     for ex in exchanges.values():
-        for r, work in enumerate(ex.works):
-            if work is not None and work.kind:
+        for r, work in ex.channel_works():
+            if work.kind:
                 per_channel.setdefault(r, []).append(work)
     for works in per_channel.values():
         prev_end = float("-inf")

@@ -14,6 +14,7 @@ from .allgather import PayloadAllGather
 from .allreduce import DenseAllReduce, HalfAllReduce, PayloadAllReduce
 from .base import Exchange
 from .casync_ps import CaSyncPS
+from .chunked import ChunkedExchange, chunk_counts, chunk_spans
 from .two_round import TwoRoundAllReduce
 
 PATTERNS: dict[str, Any] = {"allreduce": PayloadAllReduce, "allgather": PayloadAllGather,
@@ -41,5 +42,6 @@ def payload_exchange(compressor: Compressor, quantized: str = "auto") -> Any:
                                 f"{', '.join(sorted(PATTERNS))})") from None
 
 
-__all__ = ["CaSyncPS", "DenseAllReduce", "Exchange", "HalfAllReduce", "PATTERNS", "PayloadAllGather",
-           "PayloadAllReduce", "TwoRoundAllReduce", "exchange_name", "payload_exchange"]
+__all__ = ["CaSyncPS", "ChunkedExchange", "DenseAllReduce", "Exchange", "HalfAllReduce", "PATTERNS",
+           "PayloadAllGather", "PayloadAllReduce", "TwoRoundAllReduce", "chunk_counts", "chunk_spans",
+           "exchange_name", "payload_exchange"]

@@ -60,6 +60,10 @@ class Exchange(ABC):
     def wait_all(self) -> float:
         return sum(w.wait() for w in self.works if w is not None)
 
+    def channel_works(self) -> list[tuple[int, Work]]:
+        """Every issued collective with the index of its data channel (the cost model's timing samples)."""
+        return [(r, w) for r, w in enumerate(self.works) if w is not None]
+
     @abstractmethod
     def result(self, out: Optional[torch.Tensor], scale: float) -> torch.Tensor:
         """The averaged flat gradient of the bucket, after the last round."""
