@@ -27,8 +27,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from ..errors import GravacUnsupportedError
 
 
@@ -113,8 +111,3 @@ class ZeroBridge:
         if self.had_hooks and not self.opt._grad_acc_hooks:
             self.opt.create_gradient_handling_hooks()
 
-
-def partition_bytes(engine: Any) -> int:
-    """Bytes of this rank's gradient partition (a figure for the docs and the memory benchmark)."""
-    opt = engine.optimizer
-    return int(sum(int(s) for s in opt.partition_size) * torch.empty((), dtype=opt.dtype).element_size())
