@@ -5,12 +5,8 @@ from typing import Any
 
 import torch
 
-from ..errors import GravacUnsupportedError
+from ..errors import unsupported
 from .zero import validate_zero, zero_stage
-
-
-def _fail(message: str) -> None:
-    raise GravacUnsupportedError(f"ds_gravac: {message}")
 
 
 def _call(engine: Any, name: str, default: Any = None) -> Any:
@@ -21,36 +17,36 @@ def _call(engine: Any, name: str, default: Any = None) -> Any:
 
 
 def validate_engine(engine: Any) -> None:
-    """Raise :class:`GravacUnsupportedError` naming the first unsupported setting, in a fixed order."""
+    """Raise :class:`~ds_gravac.errors.GravacUnsupportedError` naming the first unsupported setting, in a fixed order."""
     from deepspeed.runtime.pipe.engine import PipelineEngine
 
     validate_zero(engine)
     if _call(engine, "fp16_enabled", False) and zero_stage(engine) == 0:
-        _fail("fp16 with zero_optimization.stage 0 is not supported: DeepSpeed 0.19.8 does not scale the loss "
+        unsupported("fp16 with zero_optimization.stage 0 is not supported: DeepSpeed 0.19.8 does not scale the loss "
               "with ZeRO-0 fp16 but unscales in step() (deepspeedai/DeepSpeed#8393); use bf16 or fp32, or fp16 "
               "with ZeRO stage 1 or 2")
     if _call(engine, "torch_autocast_enabled", False) and _call(engine, "torch_autocast_dtype") == torch.float16:
-        _fail("torch_autocast with float16 uses a GradScaler whose changing scale corrupts error-feedback "
+        unsupported("torch_autocast with float16 uses a GradScaler whose changing scale corrupts error-feedback "
               "residuals; use bfloat16")
     if isinstance(engine, PipelineEngine):
-        _fail("pipeline parallelism is not supported")
+        unsupported("pipeline parallelism is not supported")
     if getattr(engine, "has_moe_layers", False):
-        _fail("MoE layers are not supported")
+        unsupported("MoE layers are not supported")
     world = torch.distributed.get_world_size()
     mp = getattr(engine, "mp_world_size", 1) or 1
     autotp = _call(engine, "autotp_size", 0) or 0
     sp = getattr(engine, "sequence_parallel_size", 1) or 1
     dp = getattr(engine, "seq_dp_world_size", world) or world
     if mp > 1 or autotp > 1 or sp > 1 or dp != world:
-        _fail("model/sequence parallelism is not supported (data parallelism only)")
+        unsupported("model/sequence parallelism is not supported (data parallelism only)")
     zenflow = getattr(getattr(getattr(engine, "_config", None), "zero_config", None), "zenflow", None)
     if _call(engine, "is_deepcompile_enabled", False) or zenflow is not None:
-        _fail("DeepCompile/ZenFlow are not supported")
+        unsupported("DeepCompile/ZenFlow are not supported")
     if not _call(engine, "managed_gradient_accumulation", True):
-        _fail("managed_gradient_accumulation is false: the accumulation boundary is only visible inside step(); "
+        unsupported("managed_gradient_accumulation is false: the accumulation boundary is only visible inside step(); "
               "remove the key")
     for name, module in engine.module.named_modules():
         if isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and module.sparse \
                 and module.weight.requires_grad:
-            _fail(f"sparse gradients are not supported: module '{name}' is {type(module).__name__}(sparse=True); "
+            unsupported(f"sparse gradients are not supported: module '{name}' is {type(module).__name__}(sparse=True); "
                   f"construct it with sparse=False (its gradient is then a dense tensor ds_gravac can exchange)")
