@@ -9,7 +9,13 @@ CIFAR-10 data, model, batch per rank, SGD momentum and weight decay) with the up
   ``r = x - sent``; mean of the sent values into momentum SGD (Top-k with error feedback);
 * ``dgc``     – per rank ``u = m·u + g + wd·w``, ``v = v + u``, send exact Top-k of ``v``, zero ``v`` (and ``u``
   unless ``--no-masking``) at the sent indices; plain SGD on the mean (DGC's update rules, with exact
-  selection instead of sampling).
+  selection instead of sampling);
+* ``ef21``    – per rank a gradient estimate ``h``: send exact Top-k of ``g - h``, ``h += sent``; the shared
+  estimate ``H`` (the mean of the ranks' ``h``) grows by the mean of the sent values and goes into momentum SGD
+  (EF21: what is sent corrects an estimate instead of delivering a delayed residual);
+* ``ef21m``   – EF21 on the local momentum: per rank ``u = m·u + g + wd·w``, send Top-k of ``u - h``,
+  ``h += sent``; plain SGD on the mean of the ranks' ``h`` (the estimate tracks the slowly turning momentum
+  instead of the noisy gradient; EF21-SGDM).
 
 Prints the 10-step mean training loss; ``--out`` writes every step's loss as JSON.
 """
@@ -27,7 +33,7 @@ import torch.nn.functional as F
 from runners.data import SyntheticImageDataset
 from runners.models import build_model
 
-MODES = ("dense", "eftopk", "dgc")
+MODES = ("dense", "eftopk", "dgc", "ef21", "ef21m")
 
 
 def topk_keep(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -53,6 +59,7 @@ class SimulatedRanks:
         self.memory = [[torch.zeros_like(p) for p in params] for _ in range(ranks)]     # r (eftopk) / v (dgc)
         self.momentum = [[torch.zeros_like(p) for p in params] for _ in range(ranks)]   # u (dgc)
         self.buf = [torch.zeros_like(p) for p in params]                                # optimizer momentum
+        self.estimate = [torch.zeros_like(p) for p in params]                           # H (ef21)
 
     def _k(self, numel: int) -> int:
         return max(1, math.ceil(numel / self.cf))
@@ -61,6 +68,16 @@ class SimulatedRanks:
     def step(self, grads: list[list[torch.Tensor]]) -> None:
         """Apply one optimizer step from every rank's local gradients ``grads[rank][param]``."""
         for j, p in enumerate(self.params):
+            if self.mode == "ef21m" and p.numel() >= self.min_numel:
+                total = torch.zeros_like(p)
+                for r in range(self.ranks):
+                    u, h = self.momentum[r][j], self.memory[r][j]
+                    u.mul_(self.m).add_(grads[r][j]).add_(p, alpha=self.wd)
+                    kept, _ = topk_keep(u - h, self._k(p.numel()))
+                    h.add_(kept)
+                    total += h
+                p.sub_(total / self.ranks, alpha=self.lr)
+                continue
             if self.mode == "dgc":
                 total = torch.zeros_like(p)
                 for r in range(self.ranks):
@@ -79,10 +96,17 @@ class SimulatedRanks:
                 if self.mode == "dense" or p.numel() < self.min_numel:
                     total += grads[r][j]
                     continue
+                if self.mode == "ef21":
+                    kept, _ = topk_keep(grads[r][j] - self.memory[r][j], self._k(p.numel()))
+                    self.memory[r][j] += kept
+                    total += kept
+                    continue
                 x = grads[r][j] + self.memory[r][j]
                 kept, _ = topk_keep(x, self._k(x.numel()))
                 self.memory[r][j] = x - kept
                 total += kept
+            if self.mode == "ef21" and p.numel() >= self.min_numel:
+                total = self.estimate[j].add_(total, alpha=1.0 / self.ranks) * self.ranks
             g = total / self.ranks + self.wd * p
             self.buf[j].mul_(self.m).add_(g)
             p.sub_(self.buf[j], alpha=self.lr)

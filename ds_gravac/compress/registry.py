@@ -16,6 +16,7 @@ ENTRY_POINT_GROUP = "ds_gravac.compressors"
 BUILTINS = {
     "none": "ds_gravac.compress.none:NoCompression",
     "topk": "ds_gravac.compress.topk:TopK",
+    "ef21": "ds_gravac.compress.ef21:EF21",
     "randomk": "ds_gravac.compress.randomk:RandomK",
     "dgc": "ds_gravac.compress.dgc:DGC",
     "redsync": "ds_gravac.compress.redsync:RedSync",

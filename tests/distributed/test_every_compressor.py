@@ -10,6 +10,7 @@ from harness import run_ranks
 
 COMPRESSORS = {
     "topk": {"cf": 20},
+    "ef21": {"cf": 20},
     "randomk": {"cf": 20},
     "dgc": {"cf": 20, "min_compress_numel": 0, "compressor": {"type": "dgc", "params": {"momentum": 0.9}}},
     "redsync": {"cf": 20},

@@ -60,3 +60,15 @@ def test_dgc_at_cf_1_without_masking_is_momentum_sgd() -> None:
     _, masked = run("tiny_cnn", "dgc", 1.0, momentum=0.9, masking=True, **kw)
     assert _same(dense, dgc)
     assert not _same(dense, masked)
+
+
+@pytest.mark.parametrize("mode", ["ef21", "ef21m"])
+def test_ef21_at_cf_1_is_dense_momentum_sgd(mode: str) -> None:
+    # Every change is sent, so each estimate equals its rank's gradient (ef21) or momentum (ef21m) and the
+    # applied mean is dense momentum SGD's; at 10x it is not.
+    kw = dict(steps=3, ranks=2, batch=4, lr=0.05, dtype=torch.float64, every=0)
+    _, dense = run("tiny_cnn", "dense", 1.0, **kw)
+    _, at1 = run("tiny_cnn", mode, 1.0, min_numel=0, **kw)
+    _, at10 = run("tiny_cnn", mode, 10.0, min_numel=0, **kw)
+    assert _same(dense, at1)
+    assert not _same(dense, at10)

@@ -46,7 +46,7 @@ def clean_registry(monkeypatch: pytest.MonkeyPatch) -> dict:
 
 def test_builtins_are_registered() -> None:
     names = registered_names()
-    for name in ("none", "topk", "randomk", "dgc", "redsync", "sidco", "threshold", "graddrop"):
+    for name in ("none", "topk", "ef21", "randomk", "dgc", "redsync", "sidco", "threshold", "graddrop"):
         assert name in names and lookup(name).name == name
 
 
