@@ -108,3 +108,28 @@ def force_dense(handle: Any, when: Callable[[int], bool]) -> None:
     same steps on every rank, so every decision stays agreed)."""
     decide = handle.sync.controller.decide
     handle.sync.controller.decide = lambda step, lr, force_dense=False: decide(step, lr, force_dense or when(step))
+
+
+def float64_momentum_sgd(width: int, steps: int, world: int, lr: float, momentum: float, wd: float,
+                         sent: Callable[[int, int, str, torch.Tensor], torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Independent float64 reference of data-parallel momentum SGD on ``make_model(width=width)``: per step and
+    rank the gradient of that rank's batch goes through ``sent(step, rank, name, grad)`` (what the rank
+    contributes), the contributions are averaged and torch.optim.SGD's momentum/weight-decay rule applied."""
+    model = make_model(width=width).double()
+    names = [n for n, _ in model.named_parameters() if not n.startswith("unused")]
+    params = dict(model.named_parameters())
+    buf: dict[str, torch.Tensor] = {}
+    for step in range(steps):
+        avg = {n: torch.zeros_like(params[n]) for n in names}
+        for rank in range(world):
+            model.zero_grad()
+            x, y = batch(rank, step)
+            torch.nn.functional.cross_entropy(model(x.double()), y).backward()
+            for n in names:
+                avg[n] += sent(step, rank, n, params[n].grad.detach().clone()) / world
+        with torch.no_grad():
+            for n in names:
+                d = avg[n] + wd * params[n]
+                buf[n] = d.clone() if n not in buf else momentum * buf[n] + d
+                params[n] -= lr * buf[n]
+    return {n: params[n].detach() for n in names}

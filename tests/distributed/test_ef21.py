@@ -49,36 +49,22 @@ def _job(rank: int, world: int, save_dir: str) -> dict:
 
 
 def _reference(world: int) -> dict[str, torch.Tensor]:
-    model = M.make_model(width=WIDTH).double()
-    names = [n for n, _ in model.named_parameters() if not n.startswith("unused")]
-    params = dict(model.named_parameters())
-    estimate = {(r, n): torch.zeros_like(params[n]) for r in range(world) for n in names}
-    momentum: dict[str, torch.Tensor] = {}
-    for step in range(STEPS):
-        avg = {n: torch.zeros_like(params[n]) for n in names}
-        for rank in range(world):
-            model.zero_grad()
-            x, y = M.batch(rank, step)
-            torch.nn.functional.cross_entropy(model(x.double()), y).backward()
-            for n in names:
-                grad = params[n].grad.detach().clone()
-                if grad.numel() >= MIN_NUMEL:
-                    if step == 0 or step in DENSE_STEPS:
-                        estimate[rank, n] = grad
-                    else:
-                        change = (grad - estimate[rank, n]).flatten()
-                        sent = torch.zeros_like(change)
-                        top = change.abs().topk(math.ceil(change.numel() / CF)).indices
-                        sent[top] = change[top]
-                        estimate[rank, n] = estimate[rank, n] + sent.view_as(grad)
-                    grad = estimate[rank, n]
-                avg[n] += grad / world
-        with torch.no_grad():
-            for n in names:
-                d = avg[n] + WD * params[n]
-                momentum[n] = d.clone() if n not in momentum else MOMENTUM * momentum[n] + d
-                params[n] -= LR * momentum[n]
-    return {n: params[n].detach() for n in names}
+    estimate: dict[tuple[int, str], torch.Tensor] = {}
+
+    def sent(step: int, rank: int, name: str, grad: torch.Tensor) -> torch.Tensor:
+        if grad.numel() < MIN_NUMEL:
+            return grad
+        if step == 0 or step in DENSE_STEPS:
+            estimate[rank, name] = grad
+        else:
+            change = (grad - estimate[rank, name]).flatten()
+            top = change.abs().topk(math.ceil(change.numel() / CF)).indices
+            update = torch.zeros_like(change)
+            update[top] = change[top]
+            estimate[rank, name] = estimate[rank, name] + update.view_as(grad)
+        return estimate[rank, name]
+
+    return M.float64_momentum_sgd(WIDTH, STEPS, world, LR, MOMENTUM, WD, sent)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ rule. The first step is the dense discovery step (docs/design.md).
 """
 from __future__ import annotations
 
-import copy
 import math
 
 import pytest
@@ -40,37 +39,22 @@ def _job(rank: int, world: int, width: int, cf: float, dense_steps: frozenset[in
 
 
 def _reference(world: int, width: int, cf: float, dense_steps: frozenset[int]) -> dict[str, torch.Tensor]:
-    model = M.make_model(width=width).double()
-    names = [n for n, _ in model.named_parameters() if not n.startswith("unused")]
-    params = dict(model.named_parameters())
-    residual = {(r, n): torch.zeros_like(params[n]) for r in range(world) for n in names}
-    momentum: dict[str, torch.Tensor] = {}
-    for step in range(STEPS):
-        avg = {n: torch.zeros_like(params[n]) for n in names}
-        for rank in range(world):
-            model.zero_grad()
-            x, y = M.batch(rank, step)
-            torch.nn.functional.cross_entropy(model(x.double()), y).backward()
-            for n in names:
-                grad = params[n].grad.detach().clone()
-                if step in dense_steps and grad.numel() >= MIN_NUMEL:    # dense send of g + r clears r
-                    grad = grad + residual[rank, n]
-                    residual[rank, n] = torch.zeros_like(grad)
-                elif step > 0 and grad.numel() >= MIN_NUMEL:
-                    acc = grad + residual[rank, n]
-                    k = math.ceil(acc.numel() / cf)
-                    keep = torch.zeros(acc.numel(), dtype=torch.bool)
-                    keep[acc.flatten().abs().topk(k).indices] = True
-                    sent = torch.where(keep.view_as(acc), acc, torch.zeros_like(acc))
-                    residual[rank, n] = acc - sent
-                    grad = sent
-                avg[n] += grad / world
-        with torch.no_grad():
-            for n in names:
-                d = avg[n] + WD * params[n]
-                momentum[n] = d.clone() if n not in momentum else MOMENTUM * momentum[n] + d
-                params[n] -= LR * momentum[n]
-    return {n: params[n].detach() for n in names}
+    residual: dict[tuple[int, str], torch.Tensor] = {}
+
+    def sent(step: int, rank: int, name: str, grad: torch.Tensor) -> torch.Tensor:
+        if grad.numel() < MIN_NUMEL or step == 0:
+            return grad
+        acc = grad + residual.get((rank, name), torch.zeros_like(grad))
+        if step in dense_steps:                     # dense send of g + r clears r
+            residual[rank, name] = torch.zeros_like(grad)
+            return acc
+        keep = torch.zeros(acc.numel(), dtype=torch.bool)
+        keep[acc.flatten().abs().topk(math.ceil(acc.numel() / cf)).indices] = True
+        out = torch.where(keep.view_as(acc), acc, torch.zeros_like(acc))
+        residual[rank, name] = acc - out
+        return out
+
+    return M.float64_momentum_sgd(width, STEPS, world, LR, MOMENTUM, WD, sent)
 
 
 # width 64: every hidden tensor (4,096 values) takes the direct selection; width 300: the 90,000-value hidden
