@@ -1,0 +1,116 @@
+"""Fidelity over several seeds: the accuracy bounds judged on the mean of independent runs.
+
+    python -m ds_gravac_bench.fidelity_seeds bench_results/fid-r101-seed0 bench_results/fid-r101-seed1,more-seed1 \\
+        bench_results/fid-r101-seed2 --out bench_results/fid-r101-seeds
+
+Why: on a short budget a single run's loss at a given step depends on its trajectory as much as on the method.
+Once any perturbation — another seed, or even a gradient rounded to fp16 — sends a run down a different
+trajectory, the loss at equal steps can differ by tens of percent between runs of equally good methods (on
+ResNet101 at 300 steps dense itself ends at 0.41, 0.56 and 0.83 on three seeds). A 5% bound can only be judged on
+several samples. Each argument is one seed: a ``fidelity run`` directory, several of the same seed joined by
+commas (merged as ``fidelity report`` merges them), or a directory holding only a report's ``fidelity.json``
+(what ``docs/bench`` keeps); every seed is compared with its own dense run, then the
+per-seed figures are averaged: the loss bound on the mean final loss against dense's mean, top-1 and perplexity
+likewise, bytes on the mean ratio. The steps to dense's target are listed per seed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from ds_gravac_bench.fidelity import BYTES_BOUND, LOSS_BOUND, TOP1_POINTS, build
+
+
+def _mean(xs: Sequence[Optional[float]]) -> Optional[float]:
+    vals = [x for x in xs if x is not None]
+    return statistics.fmean(vals) if len(vals) == len(xs) and vals else None
+
+
+def _table(dirs: Sequence[Path]) -> dict[str, Any]:
+    """One seed's fidelity table: built from the runs, or the report a directory already holds."""
+    if len(dirs) == 1 and not (dirs[0] / "systems").is_dir() and (dirs[0] / "fidelity.json").is_file():
+        return json.loads((dirs[0] / "fidelity.json").read_text())
+    return build(list(dirs), {})
+
+
+def combine(seeds: Sequence[Sequence[Path]]) -> dict[str, Any]:
+    """Per-system figures of every seed and their means; a system counts only where every seed ran it."""
+    tables = [_table(dirs) for dirs in seeds]
+    if len({t["model"] for t in tables}) != 1:
+        raise SystemExit("fidelity_seeds: the runs trained different models")
+    by_seed = [{r["id"]: r for r in t["systems"]} for t in tables]
+    rows = []
+    for sid in [r["id"] for r in tables[0]["systems"]]:
+        per = [rows_of.get(sid) for rows_of in by_seed]
+        if any(r is None for r in per):
+            continue
+        dense = [t["systems"][[r["id"] for r in t["systems"]].index(t["reference"])] for t in tables]
+        final, dense_final = _mean([r["final_loss"] for r in per]), _mean([r["dense_loss"] for r in per])
+        top1 = _mean([r["eval"].get("eval/top1") for r in per])
+        dense_top1 = _mean([d["eval"].get("eval/top1") for d in dense])
+        ppl = _mean([r["eval"].get("eval/ppl") for r in per])
+        dense_ppl = _mean([d["eval"].get("eval/ppl") for d in dense])
+        row = {"id": sid, "family": per[0]["family"], "gaps": [r["gap"] for r in per],
+               "steps_to_target": [r["steps_to_target"] for r in per],
+               "dense_steps_to_target": [d["steps_to_target"] for d in dense],
+               "final_loss": final, "dense_loss": dense_final, "gap": final / dense_final - 1.0,
+               "top1": top1, "dense_top1": dense_top1, "ppl": ppl, "dense_ppl": dense_ppl,
+               "bytes_ratio": _mean([r["bytes_ratio"] for r in per]), "rises": any(r["rises"] for r in per)}
+        row["verdict"] = _verdict(row)
+        rows.append(row)
+    return {"model": tables[0]["model"], "steps": tables[0]["steps"], "seeds": [[str(p) for p in s] for s in seeds],
+            "systems": rows}
+
+
+def _verdict(row: dict[str, Any]) -> str:
+    if row["family"] == "dense":
+        return "reference"
+    misses = []
+    if row["final_loss"] > LOSS_BOUND * row["dense_loss"]:
+        misses.append(f"mean loss +{100 * row['gap']:.0f}%")
+    if row["top1"] is not None and row["dense_top1"] is not None and row["top1"] < row["dense_top1"] - TOP1_POINTS:
+        misses.append("mean top-1")
+    if row["ppl"] is not None and row["dense_ppl"] is not None and row["ppl"] > LOSS_BOUND * row["dense_ppl"]:
+        misses.append("mean perplexity")
+    if row["bytes_ratio"] is not None and row["bytes_ratio"] >= BYTES_BOUND:
+        misses.append("bytes")
+    if row["rises"]:
+        misses.append("loss rises")
+    return "ok" if not misses else ", ".join(misses)
+
+
+def markdown(res: dict[str, Any]) -> str:
+    n = len(res["seeds"])
+    head = ["system", "gap per seed", "mean final loss (dense)", "gap of the means", "mean top-1 (dense)",
+            "bytes / dense", "steps to target per seed (dense)", "bounds on the means"]
+    lines = [f"# Fidelity over {n} seeds — {res['model']}, {res['steps']} steps, 2 ranks", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in res["systems"]:
+        steps = ", ".join(f"{'–' if s is None else s} ({'–' if d is None else d})"
+                          for s, d in zip(r["steps_to_target"], r["dense_steps_to_target"]))
+        top1 = "–" if r["top1"] is None else f"{100 * r['top1']:.1f}% ({100 * r['dense_top1']:.1f}%)"
+        lines.append("| " + " | ".join([
+            r["id"], ", ".join(f"{100 * g:+.0f}%" for g in r["gaps"]),
+            f"{r['final_loss']:.3f} ({r['dense_loss']:.3f})", f"{100 * r['gap']:+.1f}%", top1,
+            "–" if r["bytes_ratio"] is None else f"{r['bytes_ratio']:.3f}", steps, r["verdict"]]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("seeds", nargs="+", help="one argument per seed: a fidelity run dir, or several joined by ','")
+    ap.add_argument("--out", required=True, help="directory for seeds.md and seeds.json")
+    a = ap.parse_args(argv)
+    res = combine([[Path(p) for p in arg.split(",")] for arg in a.seeds])
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "seeds.json").write_text(json.dumps(res, indent=1))
+    (out / "seeds.md").write_text(markdown(res))
+    print(markdown(res))
+
+
+if __name__ == "__main__":
+    main()

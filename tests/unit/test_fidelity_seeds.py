@@ -1,0 +1,43 @@
+"""The multi-seed fidelity summary judges the bounds on the means of the seeds (hand-made per-seed reports)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ds_gravac_bench.fidelity_seeds import combine, markdown
+
+
+def _row(sid: str, family: str, final: float, dense: float, top1: float, reach: int, bytes_ratio: float) -> dict:
+    return {"id": sid, "family": family, "final_loss": final, "dense_loss": dense, "gap": final / dense - 1,
+            "bytes_ratio": bytes_ratio, "rises": False, "steps_to_target": reach, "eval": {"eval/top1": top1}}
+
+
+def _seed(root: Path, dense: float, dense_top1: float, rows: list[dict]) -> Path:
+    root.mkdir()
+    table = {"model": "resnet101", "steps": 300, "reference": "ds_dense",
+             "systems": [_row("ds_dense", "dense", dense, dense, dense_top1, 200, 1.0)] + rows}
+    (root / "fidelity.json").write_text(json.dumps(table))
+    return root
+
+
+def test_bounds_are_judged_on_the_means(tmp_path: Path) -> None:
+    s0 = _seed(tmp_path / "s0", 0.4, 0.84, [_row("even", "low-rank", 0.5, 0.4, 0.83, 220, 0.07),
+                                            _row("behind", "sparse", 0.44, 0.4, 0.80, 250, 0.02),
+                                            _row("only_seed0", "sparse", 0.4, 0.4, 0.84, 200, 0.02)])
+    s1 = _seed(tmp_path / "s1", 0.8, 0.76, [_row("even", "low-rank", 0.7, 0.8, 0.77, 180, 0.07),
+                                            _row("behind", "sparse", 0.88, 0.8, 0.70, None, 0.04)])
+    res = combine([[s0], [s1]])
+    rows = {r["id"]: r for r in res["systems"]}
+    assert set(rows) == {"ds_dense", "even", "behind"}          # a system missing from a seed is not averaged
+    even, behind = rows["even"], rows["behind"]
+    # even: +25% and -12.5% (0.7/0.8 rounds to -13%) on single seeds, but the means are 0.6 against 0.6
+    assert abs(even["final_loss"] - 0.6) < 1e-12 and abs(even["dense_loss"] - 0.6) < 1e-12
+    assert abs(even["gap"]) < 1e-12 and even["verdict"] == "ok"
+    assert even["steps_to_target"] == [220, 180] and even["dense_steps_to_target"] == [200, 200]
+    # behind: +10% on both seeds; top-1 0.75 against 0.80 on the mean; bytes 0.03 on the mean
+    assert abs(behind["gap"] - 0.10) < 1e-12
+    assert abs(behind["top1"] - 0.75) < 1e-12 and abs(behind["dense_top1"] - 0.80) < 1e-12
+    assert abs(behind["bytes_ratio"] - 0.03) < 1e-12
+    assert behind["verdict"] == "mean loss +10%, mean top-1"
+    md = markdown(res)
+    assert "| even | +25%, -13% |" in md and "220 (200), 180 (200)" in md and "– (200)" in md
