@@ -202,17 +202,26 @@ def _verdict(row: dict[str, Any], ref: dict[str, Any]) -> str:
     """Which of the accuracy bounds a compressed row misses ("ok" when none)."""
     if row["family"] == "dense":
         return "reference"
-    misses = []
-    if row["final_loss"] > LOSS_BOUND * row["dense_loss"]:
-        misses.append(f"loss +{100 * row['gap']:.0f}%")
     mine, theirs = row["eval"], ref["eval"]
-    if "eval/top1" in mine and "eval/top1" in theirs and mine["eval/top1"] < theirs["eval/top1"] - TOP1_POINTS:
-        misses.append("top-1")
-    if "eval/ppl" in mine and "eval/ppl" in theirs and mine["eval/ppl"] > LOSS_BOUND * theirs["eval/ppl"]:
-        misses.append("perplexity")
-    if row["bytes_ratio"] is not None and row["bytes_ratio"] >= BYTES_BOUND:
+    return bound_misses(row["final_loss"], row["dense_loss"], mine.get("eval/top1"), theirs.get("eval/top1"),
+                        mine.get("eval/ppl"), theirs.get("eval/ppl"), row["bytes_ratio"], row["rises"])
+
+
+def bound_misses(loss: float, dense_loss: float, top1: Optional[float], dense_top1: Optional[float],
+                 ppl: Optional[float], dense_ppl: Optional[float], bytes_ratio: Optional[float], rises: bool,
+                 prefix: str = "") -> str:
+    """The accuracy bounds a configuration misses against dense ("ok" when none); ``prefix`` names the
+    statistic (e.g. "mean ")."""
+    misses = []
+    if loss > LOSS_BOUND * dense_loss:
+        misses.append(f"{prefix}loss +{100 * (loss / dense_loss - 1):.0f}%")
+    if top1 is not None and dense_top1 is not None and top1 < dense_top1 - TOP1_POINTS:
+        misses.append(f"{prefix}top-1")
+    if ppl is not None and dense_ppl is not None and ppl > LOSS_BOUND * dense_ppl:
+        misses.append(f"{prefix}perplexity")
+    if bytes_ratio is not None and bytes_ratio >= BYTES_BOUND:
         misses.append("bytes")
-    if row["rises"]:
+    if rises:
         misses.append("loss rises")
     return "ok" if not misses else ", ".join(misses)
 

@@ -21,7 +21,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from ds_gravac_bench.fidelity import BYTES_BOUND, LOSS_BOUND, TOP1_POINTS, build
+from ds_gravac_bench.fidelity import bound_misses, build
 
 
 def _mean(xs: Sequence[Optional[float]]) -> Optional[float]:
@@ -68,18 +68,8 @@ def combine(seeds: Sequence[Sequence[Path]]) -> dict[str, Any]:
 def _verdict(row: dict[str, Any]) -> str:
     if row["family"] == "dense":
         return "reference"
-    misses = []
-    if row["final_loss"] > LOSS_BOUND * row["dense_loss"]:
-        misses.append(f"mean loss +{100 * row['gap']:.0f}%")
-    if row["top1"] is not None and row["dense_top1"] is not None and row["top1"] < row["dense_top1"] - TOP1_POINTS:
-        misses.append("mean top-1")
-    if row["ppl"] is not None and row["dense_ppl"] is not None and row["ppl"] > LOSS_BOUND * row["dense_ppl"]:
-        misses.append("mean perplexity")
-    if row["bytes_ratio"] is not None and row["bytes_ratio"] >= BYTES_BOUND:
-        misses.append("bytes")
-    if row["rises"]:
-        misses.append("loss rises")
-    return "ok" if not misses else ", ".join(misses)
+    return bound_misses(row["final_loss"], row["dense_loss"], row["top1"], row["dense_top1"], row["ppl"],
+                        row["dense_ppl"], row["bytes_ratio"], row["rises"], prefix="mean ")
 
 
 def markdown(res: dict[str, Any]) -> str:
