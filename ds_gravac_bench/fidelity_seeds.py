@@ -11,7 +11,10 @@ several samples. Each argument is one seed: a ``fidelity run`` directory, severa
 commas (merged as ``fidelity report`` merges them), or a directory holding only a report's ``fidelity.json``
 (what ``docs/bench`` keeps); every seed is compared with its own dense run, then the
 per-seed figures are averaged: the loss bound on the mean final loss against dense's mean, top-1 and perplexity
-likewise, bytes on the mean ratio. The steps to dense's target are listed per seed.
+likewise, bytes on the mean ratio. The steps to dense's target are listed per seed. With ``--cluster RATE=DIR``
+(as for ``fidelity report``; step times do not depend on the seed) each seed's time to its target is steps × the
+system's median cluster step, and the speed-up is dense's mean time to target over the system's (the expected
+time to dense's accuracy); it is left out when the system missed the target on some seed.
 """
 from __future__ import annotations
 
@@ -29,16 +32,22 @@ def _mean(xs: Sequence[Optional[float]]) -> Optional[float]:
     return statistics.fmean(vals) if len(vals) == len(xs) and vals else None
 
 
-def _table(dirs: Sequence[Path]) -> dict[str, Any]:
+def _table(dirs: Sequence[Path], clusters: dict[str, list[Path]]) -> dict[str, Any]:
     """One seed's fidelity table: built from the runs, or the report a directory already holds."""
     if len(dirs) == 1 and not (dirs[0] / "systems").is_dir() and (dirs[0] / "fidelity.json").is_file():
         return json.loads((dirs[0] / "fidelity.json").read_text())
-    return build(list(dirs), {})
+    return build(list(dirs), clusters)
 
 
-def combine(seeds: Sequence[Sequence[Path]]) -> dict[str, Any]:
+def _mean_times(per: Sequence[dict[str, Any]]) -> dict[str, Optional[float]]:
+    """Rate → mean time to target over the seeds (None when a seed has no time there)."""
+    rates = set().union(*(r.get("rates", {}) for r in per))
+    return {rate: _mean([r.get("rates", {}).get(rate, {}).get("time_s") for r in per]) for rate in sorted(rates)}
+
+
+def combine(seeds: Sequence[Sequence[Path]], clusters: Optional[dict[str, list[Path]]] = None) -> dict[str, Any]:
     """Per-system figures of every seed and their means; a system counts only where every seed ran it."""
-    tables = [_table(dirs) for dirs in seeds]
+    tables = [_table(dirs, clusters or {}) for dirs in seeds]
     if len({t["model"] for t in tables}) != 1:
         raise SystemExit("fidelity_seeds: the runs trained different models")
     by_seed = [{r["id"]: r for r in t["systems"]} for t in tables]
@@ -58,7 +67,10 @@ def combine(seeds: Sequence[Sequence[Path]]) -> dict[str, Any]:
                "dense_steps_to_target": [d["steps_to_target"] for d in dense],
                "final_loss": final, "dense_loss": dense_final, "gap": final / dense_final - 1.0,
                "top1": top1, "dense_top1": dense_top1, "ppl": ppl, "dense_ppl": dense_ppl,
-               "bytes_ratio": _mean([r["bytes_ratio"] for r in per]), "rises": any(r["rises"] for r in per)}
+               "bytes_ratio": _mean([r["bytes_ratio"] for r in per]), "rises": any(r["rises"] for r in per),
+               "time_s": _mean_times(per), "dense_time_s": _mean_times(dense)}
+        row["speedup"] = {rate: row["dense_time_s"].get(rate) / t if t and row["dense_time_s"].get(rate) else None
+                          for rate, t in row["time_s"].items()}
         row["verdict"] = _verdict(row)
         rows.append(row)
     return {"model": tables[0]["model"], "steps": tables[0]["steps"], "seeds": [[str(p) for p in s] for s in seeds],
@@ -74,8 +86,10 @@ def _verdict(row: dict[str, Any]) -> str:
 
 def markdown(res: dict[str, Any]) -> str:
     n = len(res["seeds"])
+    rates = sorted({rate for r in res["systems"] for rate in r["time_s"]})
     head = ["system", "gap per seed", "mean final loss (dense)", "gap of the means", "mean top-1 (dense)",
-            "bytes / dense", "steps to target per seed (dense)", "bounds on the means"]
+            "bytes / dense", "steps to target per seed (dense)"]
+    head += [f"{rate} mean time to target s (× dense)" for rate in rates] + ["bounds on the means"]
     lines = [f"# Fidelity over {n} seeds — {res['model']}, {res['steps']} steps, 2 ranks", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in res["systems"]:
@@ -85,16 +99,32 @@ def markdown(res: dict[str, Any]) -> str:
         lines.append("| " + " | ".join([
             r["id"], ", ".join(f"{100 * g:+.0f}%" for g in r["gaps"]),
             f"{r['final_loss']:.3f} ({r['dense_loss']:.3f})", f"{100 * r['gap']:+.1f}%", top1,
-            "–" if r["bytes_ratio"] is None else f"{r['bytes_ratio']:.3f}", steps, r["verdict"]]) + " |")
+            "–" if r["bytes_ratio"] is None else f"{r['bytes_ratio']:.3f}", steps]
+            + [_time_cell(r, rate) for rate in rates] + [r["verdict"]]) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _cluster_arg(value: str) -> tuple[str, str]:
+    rate, sep, dirs = value.partition("=")
+    if not sep or not rate or not dirs:
+        raise argparse.ArgumentTypeError(f"--cluster {value!r}: expected RATE=DIR[,DIR...]")
+    return rate, dirs
+
+
+def _time_cell(row: dict[str, Any], rate: str) -> str:
+    t, x = row["time_s"].get(rate), row["speedup"].get(rate)
+    return "–" if t is None else f"{t:.0f} ({x:.2f}×)" if x else f"{t:.0f}"
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("seeds", nargs="+", help="one argument per seed: a fidelity run dir, or several joined by ','")
+    ap.add_argument("--cluster", action="append", type=_cluster_arg, default=[], metavar="RATE=DIR",
+                    help="bench_e2e run(s) on the emulated cluster at RATE (several DIRs joined by ','); repeatable")
     ap.add_argument("--out", required=True, help="directory for seeds.md and seeds.json")
     a = ap.parse_args(argv)
-    res = combine([[Path(p) for p in arg.split(",")] for arg in a.seeds])
+    clusters = {rate: [Path(p) for p in dirs.split(",")] for rate, dirs in a.cluster}
+    res = combine([[Path(p) for p in arg.split(",")] for arg in a.seeds], clusters)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "seeds.json").write_text(json.dumps(res, indent=1))

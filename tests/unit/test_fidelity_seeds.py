@@ -41,3 +41,25 @@ def test_bounds_are_judged_on_the_means(tmp_path: Path) -> None:
     assert behind["verdict"] == "mean loss +10%, mean top-1"
     md = markdown(res)
     assert "| even | +25%, -13% |" in md and "220 (200), 180 (200)" in md and "– (200)" in md
+
+
+def test_time_to_target_is_averaged_over_the_seeds(tmp_path: Path) -> None:
+    def timed(row: dict, seconds: float | None) -> dict:
+        return {**row, "rates": {"1gbit": {"step_s": 1.0, "time_s": seconds}}}
+
+    def seed(root: Path, dense_s: float, fast_s: float, missed_s: float | None) -> Path:
+        root.mkdir()
+        rows = [timed(_row("ds_dense", "dense", 0.5, 0.5, 0.8, 200, 1.0), dense_s),
+                timed(_row("fast", "low-rank", 0.5, 0.5, 0.8, 210, 0.07), fast_s),
+                timed(_row("missed", "sparse", 0.5, 0.5, 0.8, None, 0.02), missed_s)]
+        (root / "fidelity.json").write_text(json.dumps({"model": "resnet101", "steps": 300,
+                                                        "reference": "ds_dense", "systems": rows}))
+        return root
+
+    res = combine([[seed(tmp_path / "a", 400.0, 100.0, 50.0)], [seed(tmp_path / "b", 600.0, 300.0, None)]])
+    rows = {r["id"]: r for r in res["systems"]}
+    assert rows["fast"]["time_s"] == {"1gbit": 200.0} and rows["fast"]["dense_time_s"] == {"1gbit": 500.0}
+    assert rows["fast"]["speedup"] == {"1gbit": 2.5}                 # 500 s / 200 s, not the mean of 4× and 2×
+    assert rows["missed"]["time_s"] == {"1gbit": None} and rows["missed"]["speedup"] == {"1gbit": None}
+    md = markdown(res)
+    assert "| 200 (2.50×) |" in md and "1gbit mean time to target s (× dense)" in md
