@@ -34,9 +34,11 @@ class DGCParams(SparseParams):
     clip_norm: float = Field(0.0, ge=0.0)
     warmup_steps: int = Field(0, ge=0)
     warmup_stages: int = Field(4, ge=1)
-    # false (default): a dense step clears u and v. true: a dense step counts as a θ = 1 step — v is
-    # cleared, u only under momentum_masking — so without masking, dense steps (GraVAC's fallback, warm-up) keep
-    # heavy-ball momentum instead of restarting it every step.
+    # false (default): a dense step clears u and v (DGC's rule: everything was sent). true: a dense step is a
+    # heavy-ball momentum step — v is cleared, u keeps m·u + g (+ wd·w) whatever momentum_masking says — so dense
+    # steps (GraVAC's dense fallback, warm-up) train as dense momentum SGD instead of restarting the momentum.
+    # Masking exists to stop sent entries from being re-sent through u; after a dense send there is nothing
+    # left in v to re-send, so clearing u would only turn the fallback into momentum-free SGD.
     dense_keeps_momentum: bool = False
 
 
@@ -118,16 +120,13 @@ class DGC(SparseCompressor):
             u.index_fill_(0, _sent_indices(p), 0.0)
 
     def dense_sent(self, g: Tensor, ctx: CompressCtx) -> None:
-        """Default: a dense send transmitted everything, u and v restart. ``dense_keeps_momentum``: the step
-        counts as θ = 1 — v is cleared, u keeps its update unless momentum masking clears it too."""
+        """Default: a dense send transmitted everything, u and v restart. ``dense_keeps_momentum``: a heavy-ball
+        step — v is cleared and u keeps its update, with or without momentum masking."""
         if not self.params.dense_keeps_momentum:
             self.reset(ctx)
             return
         ctx.memory["v"].zero_()
-        if self.params.momentum_masking:
-            ctx.memory["u"].zero_()
-        else:
-            self._new_momentum(g, ctx, ctx.memory["u"])
+        self._new_momentum(g, ctx, ctx.memory["u"])
 
     # ---- selection ---------------------------------------------------------------------------------
     def select(self, x: Tensor, plan: TensorPlan, ctx: CompressCtx) -> Tensor:

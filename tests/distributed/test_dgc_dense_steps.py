@@ -2,7 +2,8 @@
 
 Every step is forced dense through the controller's own ``force_dense`` branch. With the rule (a dense
 step clears u and v) DGC's sent value is ``g + wd·w`` every step, i.e. SGD *without* momentum; with
-``dense_keeps_momentum`` and no masking, u survives and the run is momentum SGD. Both are compared with plain
+``dense_keeps_momentum``, with or without masking, u survives and the run is momentum SGD (GraVAC's dense fallback
+over DGC with its default masking must not lose the momentum). Both are compared with plain
 DeepSpeed engines (no ds_gravac) running SGD with momentum 0 and 0.9.
 """
 from __future__ import annotations
@@ -42,7 +43,7 @@ def _rel_err(a: dict, b: dict, start: dict) -> float:
 
 
 CASES = {"spec_reset": (False, True, 0.0), "spec_reset_nomask": (False, False, 0.0),
-         "keep_momentum": (True, False, 0.9), "keep_but_masked": (True, True, 0.0)}
+         "keep_momentum": (True, False, 0.9), "keep_with_masking": (True, True, 0.9)}
 
 
 def _all_jobs(rank: int, world: int) -> dict:

@@ -91,7 +91,7 @@ def test_smoke_report(tmp_path: Path) -> None:
         assert (r["codec_probe_bytes"] > 0) == bool(r["probes"])
         name = r["name"]
         # every tensor is compressible here: the memory is exactly its slots plus the scratch, in gradient copies
-        assert x["memory"] == {"dgc": 3.0}.get(name, 2.0), r
+        assert x["memory"] == {"dgc": 3.0, "ef21": 3.0}.get(name, 2.0), r
         if name == "randomk":        # all-reduce: reduced in the send buffer, no receive buffer
             assert r["recv_bytes"] == 0
         else:                        # all-gather: N rows of the sent payload
