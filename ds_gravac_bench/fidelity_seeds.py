@@ -51,12 +51,12 @@ def combine(seeds: Sequence[Sequence[Path]], clusters: Optional[dict[str, list[P
     if len({t["model"] for t in tables}) != 1:
         raise SystemExit("fidelity_seeds: the runs trained different models")
     by_seed = [{r["id"]: r for r in t["systems"]} for t in tables]
+    dense = [rows_of[t["reference"]] for rows_of, t in zip(by_seed, tables)]
     rows = []
     for sid in [r["id"] for r in tables[0]["systems"]]:
         per = [rows_of.get(sid) for rows_of in by_seed]
         if any(r is None for r in per):
             continue
-        dense = [t["systems"][[r["id"] for r in t["systems"]].index(t["reference"])] for t in tables]
         final, dense_final = _mean([r["final_loss"] for r in per]), _mean([r["dense_loss"] for r in per])
         top1 = _mean([r["eval"].get("eval/top1") for r in per])
         dense_top1 = _mean([d["eval"].get("eval/top1") for d in dense])

@@ -42,30 +42,30 @@ def validate_zero(engine: Any) -> None:
         return
     if stage >= 3:
         unsupported(f"zero_optimization.stage {stage} is not supported (allowed: 0, 1, 2): stage 3 partitions the "
-              f"parameters, so no rank holds a whole gradient to compress")
+                    f"parameters, so no rank holds a whole gradient to compress")
     zc = engine._config.zero_config
     if zc.offload_optimizer is not None and str(getattr(zc.offload_optimizer.device, "value",
                                                         zc.offload_optimizer.device)) != "none":
         unsupported("zero_optimization.offload_optimizer is not supported: the offloaded optimizer copies gradients "
-              "to the host inside its own reduction; remove the key")
+                    "to the host inside its own reduction; remove the key")
     if zc.offload_param is not None and str(getattr(zc.offload_param.device, "value",
                                                     zc.offload_param.device)) != "none":
         unsupported("zero_optimization.offload_param is not supported (a stage 3 feature); remove the key")
     if zc.zero_quantized_weights or zc.zero_quantized_gradients or int(zc.zero_hpz_partition_size or 1) > 1:
         unsupported("ZeRO++ (zero_quantized_weights, zero_quantized_gradients, zero_hpz_partition_size > 1) is not "
-              "supported: it replaces the gradient exchange ds_gravac takes over; remove those keys")
+                    "supported: it replaces the gradient exchange ds_gravac takes over; remove those keys")
     from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
     opt = engine.optimizer
     if isinstance(opt, BF16_Optimizer) or getattr(opt, "use_grad_accum_attribute", False) \
             or getattr(opt, "gradient_accumulation_dtype", None) not in (None, getattr(opt, "dtype", None)):
         unsupported("data_types.grad_accum_dtype different from the model dtype is not supported with ZeRO: the "
-              "optimizer then accumulates gradients in a side buffer that ds_gravac cannot average at the "
-              "boundary; remove data_types.grad_accum_dtype (gradients accumulate in the model dtype)")
+                    "optimizer then accumulates gradients in a side buffer that ds_gravac cannot average at the "
+                    "boundary; remove data_types.grad_accum_dtype (gradients accumulate in the model dtype)")
     for attr in ("averaged_gradients", "params_in_partition", "params_not_in_partition", "first_offset",
                  "partition_size", "get_flat_partition", "get_all_grad_tensors", "_grad_acc_hooks"):
         if not hasattr(opt, attr):
             unsupported(f"ZeRO stage {stage}: the optimizer {type(opt).__name__} lacks '{attr}' (ds_gravac supports "
-                  f"DeepSpeed 0.19.8's DeepSpeedZeroOptimizer)")
+                        f"DeepSpeed 0.19.8's DeepSpeedZeroOptimizer)")
 
 
 class ZeroBridge:
