@@ -125,7 +125,7 @@ def exit_without_finalization() -> None:
     release that needs the GIL while the interpreter is finalizing ends that C++ thread with "terminate called
     without an active exception" and the launcher reports return code -6 for a run that trained correctly.
     ``shutdown`` already ends every rank together and destroys the process groups, which leaves that window
-    rare but not closed (a few runs in a hundred on the emulated 100 Mbit/s cluster). Everything a run writes
+    rare but not closed (1 to 3 runs in a hundred on the emulated 100 Mbit/s cluster). Everything a run writes
     is closed by then (metrics, wandb, checkpoints), so the process flushes its streams and exits with 0
     without finalizing the interpreter."""
     sys.stdout.flush()
