@@ -18,6 +18,7 @@ Systems are ``bench_e2e`` matrix ids (``gv_powersgd_r16``, ``gv_topk_100@cf=50``
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import statistics
@@ -169,7 +170,8 @@ def build(dirs: Sequence[Path] | Path, clusters: dict[str, Sequence[Path] | Path
             continue
         n = min(len(c["smoothed"]), len(ref["smoothed"]))
         reach = _first_reach(c["smoothed"], target)
-        row = {"id": sid, "family": _family(sections[sid]), "steps": len(c["smoothed"]),
+        row = {"id": sid, "family": _family(sections[sid]), "section_hash": section_hash(sections[sid]),
+               "steps": len(c["smoothed"]),
                "final_loss": c["smoothed"][n - 1], "dense_loss": ref["smoothed"][n - 1],
                "gap": c["smoothed"][n - 1] / ref["smoothed"][n - 1] - 1.0,
                "bytes_ratio": c["mean_bytes"] / ref["mean_bytes"] if c["mean_bytes"] and ref["mean_bytes"] else None,
@@ -191,6 +193,12 @@ def build(dirs: Sequence[Path] | Path, clusters: dict[str, Sequence[Path] | Path
 
 def _paths(value: Sequence[Path] | Path) -> list[Path]:
     return [value] if isinstance(value, Path) else list(value)
+
+
+def section_hash(section: Optional[dict[str, Any]]) -> str:
+    """What a system trains, independent of its id: the same "gravac" section run under two ids (a matrix id and a
+    ``cfg:`` file) gets one hash, so runs of several seeds can be matched on it."""
+    return hashlib.sha1(json.dumps(section, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def _section(outdir: Path, sid: str) -> Optional[dict[str, Any]]:
@@ -311,11 +319,23 @@ def report(dirs: Sequence[Path], clusters: dict[str, list[Path]], out: Path) -> 
     return res
 
 
-def _cluster_arg(value: str) -> tuple[str, Path]:
-    rate, sep, path = value.partition("=")
-    if not sep or not (Path(path) / "meta.json").exists():
-        raise argparse.ArgumentTypeError(f"expected RATE=DIR with DIR a bench_e2e output (meta.json), got {value!r}")
-    return rate, Path(path)
+def cluster_arg(value: str) -> tuple[str, list[Path]]:
+    """``RATE=DIR[,DIR...]``: bench_e2e outputs on the emulated cluster at one rate."""
+    rate, sep, paths = value.partition("=")
+    dirs = [Path(p) for p in paths.split(",") if p]
+    missing = [str(d) for d in dirs if not (d / "meta.json").exists()]
+    if not sep or not rate or not dirs or missing:
+        raise argparse.ArgumentTypeError(f"expected RATE=DIR[,DIR...] with each DIR a bench_e2e output (meta.json), "
+                                         f"got {value!r}" + (f" ({', '.join(missing)}: no meta.json)" if missing else ""))
+    return rate, dirs
+
+
+def clusters_of(args: Sequence[tuple[str, list[Path]]]) -> dict[str, list[Path]]:
+    """Repeated ``--cluster`` arguments of one rate merge."""
+    clusters: dict[str, list[Path]] = {}
+    for rate, paths in args:
+        clusters.setdefault(rate, []).extend(paths)
+    return clusters
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
@@ -330,19 +350,17 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     r.add_argument("--seed", type=int, default=0, help="model initialization and data seed of every system "
                    "(another seed gives a second sample of every curve: the run-to-run spread)")
     r.add_argument("--out", required=True)
-    r.add_argument("--cluster", action="append", type=_cluster_arg, default=[], metavar="RATE=DIR")
+    r.add_argument("--cluster", action="append", type=cluster_arg, default=[], metavar="RATE=DIR")
     p = sub.add_parser("report", help="rebuild fidelity.md, fidelity.json and plots")
     p.add_argument("dirs", nargs="+", help="fidelity/bench_e2e outputs of one model; several are merged when "
                                           "their dense curves are identical")
-    p.add_argument("--cluster", action="append", type=_cluster_arg, default=[], metavar="RATE=DIR",
+    p.add_argument("--cluster", action="append", type=cluster_arg, default=[], metavar="RATE=DIR",
                    help="a bench_e2e output on the emulated cluster whose step times give time to target at RATE "
                         "(repeat a rate to merge several)")
     p.add_argument("--out", default=None, help="where fidelity.md/json and plots go (default: the first dir)")
     opts = parser.parse_args(argv)
     dirs = [run(opts)] if opts.cmd == "run" else [Path(d) for d in opts.dirs]
-    clusters: dict[str, list[Path]] = {}
-    for rate, path in opts.cluster:
-        clusters.setdefault(rate, []).append(path)
+    clusters = clusters_of(opts.cluster)
     res = report(dirs, clusters, Path(getattr(opts, "out", None) or dirs[0]))
     print(markdown(res))
 

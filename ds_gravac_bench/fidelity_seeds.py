@@ -9,7 +9,9 @@ trajectory, the loss at equal steps can differ by tens of percent between runs o
 ResNet101 at 300 steps dense itself ends at 0.41, 0.56 and 0.83 on three seeds). A 5% bound can only be judged on
 several samples. Each argument is one seed: a ``fidelity run`` directory, several of the same seed joined by
 commas (merged as ``fidelity report`` merges them), or a directory holding only a report's ``fidelity.json``
-(what ``docs/bench`` keeps); every seed is compared with its own dense run, then the
+(what ``docs/bench`` keeps). Systems are matched across seeds by what they train (the hash of their "gravac"
+section), so a configuration run as ``gv_topk_10`` on one seed and as ``cfg:…recommended.json`` on another counts
+once; every seed is compared with its own dense run, then the
 per-seed figures are averaged: the loss bound on the mean final loss against dense's mean, top-1 and perplexity
 likewise, bytes on the mean ratio. The steps to dense's target are listed per seed. With ``--cluster RATE=DIR``
 (as for ``fidelity report``; step times do not depend on the seed) each seed's time to its target is steps × the
@@ -24,7 +26,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from ds_gravac_bench.fidelity import bound_misses, build
+from ds_gravac_bench.fidelity import bound_misses, build, cluster_arg, clusters_of
 
 
 def _mean(xs: Sequence[Optional[float]]) -> Optional[float]:
@@ -50,19 +52,21 @@ def combine(seeds: Sequence[Sequence[Path]], clusters: Optional[dict[str, list[P
     tables = [_table(dirs, clusters or {}) for dirs in seeds]
     if len({t["model"] for t in tables}) != 1:
         raise SystemExit("fidelity_seeds: the runs trained different models")
-    by_seed = [{r["id"]: r for r in t["systems"]} for t in tables]
-    dense = [rows_of[t["reference"]] for rows_of, t in zip(by_seed, tables)]
+    key = _matching_key(tables)
+    by_seed = [_rows_by(key, t["systems"]) for t in tables]
+    dense = [next(r for r in t["systems"] if r["id"] == t["reference"]) for t in tables]
     rows = []
-    for sid in [r["id"] for r in tables[0]["systems"]]:
-        per = [rows_of.get(sid) for rows_of in by_seed]
-        if any(r is None for r in per):
-            continue
+    for first in tables[0]["systems"]:
+        per = [rows_of.get(first[key]) for rows_of in by_seed]
+        if any(r is None for r in per) or per[0] is not first:
+            continue                # missing from a seed, or the same configuration already listed under another id
+        sid = first["id"]
         final, dense_final = _mean([r["final_loss"] for r in per]), _mean([r["dense_loss"] for r in per])
         top1 = _mean([r["eval"].get("eval/top1") for r in per])
         dense_top1 = _mean([d["eval"].get("eval/top1") for d in dense])
         ppl = _mean([r["eval"].get("eval/ppl") for r in per])
         dense_ppl = _mean([d["eval"].get("eval/ppl") for d in dense])
-        row = {"id": sid, "family": per[0]["family"], "gaps": [r["gap"] for r in per],
+        row = {"id": sid, "also": sorted({r["id"] for r in per} - {sid}), "family": per[0]["family"], "gaps": [r["gap"] for r in per],
                "steps_to_target": [r["steps_to_target"] for r in per],
                "dense_steps_to_target": [d["steps_to_target"] for d in dense],
                "final_loss": final, "dense_loss": dense_final, "gap": final / dense_final - 1.0,
@@ -75,6 +79,22 @@ def combine(seeds: Sequence[Sequence[Path]], clusters: Optional[dict[str, list[P
         rows.append(row)
     return {"model": tables[0]["model"], "steps": tables[0]["steps"], "seeds": [[str(p) for p in s] for s in seeds],
             "systems": rows}
+
+
+def _matching_key(tables: Sequence[dict[str, Any]]) -> str:
+    """Seeds are matched on what a system trains (its "gravac" section's hash) when every report records it, so the
+    same configuration run under two ids (``gv_topk_10`` and ``cfg:lstm_recommended.json``) is one system; reports
+    written before the hash existed are matched on the id."""
+    hashed = all("section_hash" in r for t in tables for r in t["systems"])
+    return "section_hash" if hashed else "id"
+
+
+def _rows_by(key: str, rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The first row of each key (a seed that ran one configuration twice contributes its first run)."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        out.setdefault(r[key], r)
+    return out
 
 
 def _verdict(row: dict[str, Any]) -> str:
@@ -97,18 +117,12 @@ def markdown(res: dict[str, Any]) -> str:
                           for s, d in zip(r["steps_to_target"], r["dense_steps_to_target"]))
         top1 = "–" if r["top1"] is None else f"{100 * r['top1']:.1f}% ({100 * r['dense_top1']:.1f}%)"
         lines.append("| " + " | ".join([
-            r["id"], ", ".join(f"{100 * g:+.0f}%" for g in r["gaps"]),
+            r["id"] + (f" (also {', '.join(r['also'])})" if r.get("also") else ""),
+            ", ".join(f"{100 * g:+.0f}%" for g in r["gaps"]),
             f"{r['final_loss']:.3f} ({r['dense_loss']:.3f})", f"{100 * r['gap']:+.1f}%", top1,
             "–" if r["bytes_ratio"] is None else f"{r['bytes_ratio']:.3f}", steps]
             + [_time_cell(r, rate) for rate in rates] + [r["verdict"]]) + " |")
     return "\n".join(lines) + "\n"
-
-
-def _cluster_arg(value: str) -> tuple[str, str]:
-    rate, sep, dirs = value.partition("=")
-    if not sep or not rate or not dirs:
-        raise argparse.ArgumentTypeError(f"--cluster {value!r}: expected RATE=DIR[,DIR...]")
-    return rate, dirs
 
 
 def _time_cell(row: dict[str, Any], rate: str) -> str:
@@ -119,12 +133,11 @@ def _time_cell(row: dict[str, Any], rate: str) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("seeds", nargs="+", help="one argument per seed: a fidelity run dir, or several joined by ','")
-    ap.add_argument("--cluster", action="append", type=_cluster_arg, default=[], metavar="RATE=DIR",
+    ap.add_argument("--cluster", action="append", type=cluster_arg, default=[], metavar="RATE=DIR",
                     help="bench_e2e run(s) on the emulated cluster at RATE (several DIRs joined by ','); repeatable")
     ap.add_argument("--out", required=True, help="directory for seeds.md and seeds.json")
     a = ap.parse_args(argv)
-    clusters = {rate: [Path(p) for p in dirs.split(",")] for rate, dirs in a.cluster}
-    res = combine([[Path(p) for p in arg.split(",")] for arg in a.seeds], clusters)
+    res = combine([[Path(p) for p in arg.split(",")] for arg in a.seeds], clusters_of(a.cluster))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "seeds.json").write_text(json.dumps(res, indent=1))

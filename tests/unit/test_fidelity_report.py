@@ -122,3 +122,30 @@ def test_runs_merge_only_with_identical_dense_curves(tmp_path: Path) -> None:
         "ds_dense": {"loss": [x + 1e-6 for x in DENSE], "time": 0.1, "bytes": 1000.0, "gravac": None}})
     with pytest.raises(SystemExit, match="dense loss curve of .* differs"):
         build([first, third], {})
+
+
+def test_rows_carry_a_hash_of_what_they_train(tmp_path: Path) -> None:
+    """Equal "gravac" sections under different ids (key order aside) share a hash; the multi-seed summary matches on it."""
+    loop = _write_run(tmp_path / "loop", "mlp", {
+        "ds_dense": {"loss": DENSE, "time": 0.1, "bytes": 1000.0, "gravac": None},
+        "gv_topk_100": {"loss": DENSE, "time": 0.1, "bytes": 10.0, "gravac": STATIC},
+        "mlp_topk_100": {"loss": DENSE, "time": 0.1, "bytes": 10.0, "gravac": dict(reversed(list(STATIC.items())))},
+        "gv_gravac": {"loss": DENSE, "time": 0.1, "bytes": 10.0, "gravac": GRAVAC},
+    })
+    rows = {r["id"]: r for r in build(loop, {})["systems"]}
+    assert rows["gv_topk_100"]["section_hash"] == rows["mlp_topk_100"]["section_hash"]
+    assert len({rows[s]["section_hash"] for s in ("ds_dense", "gv_topk_100", "gv_gravac")}) == 3
+
+
+def test_cluster_argument_takes_several_directories(tmp_path: Path) -> None:
+    import argparse
+
+    from ds_gravac_bench.fidelity import cluster_arg, clusters_of
+
+    a = _write_run(tmp_path / "a", "mlp", {"ds_dense": {"loss": DENSE, "time": 1.0, "bytes": 1.0, "gravac": None}})
+    b = _write_run(tmp_path / "b", "mlp", {"ds_dense": {"loss": DENSE, "time": 1.0, "bytes": 1.0, "gravac": None}})
+    assert clusters_of([cluster_arg(f"1gbit={a},{b}"), cluster_arg(f"1gbit={a}")]) == {"1gbit": [a, b, a]}
+    with pytest.raises(argparse.ArgumentTypeError, match="no meta.json"):
+        cluster_arg(f"1gbit={a},{tmp_path}")
+    with pytest.raises(argparse.ArgumentTypeError, match="RATE=DIR"):
+        cluster_arg(str(a))

@@ -63,3 +63,38 @@ def test_time_to_target_is_averaged_over_the_seeds(tmp_path: Path) -> None:
     assert rows["missed"]["time_s"] == {"1gbit": None} and rows["missed"]["speedup"] == {"1gbit": None}
     md = markdown(res)
     assert "| 200 (2.50×) |" in md and "1gbit mean time to target s (× dense)" in md
+
+
+def test_one_configuration_under_two_ids_is_matched_by_its_section(tmp_path: Path) -> None:
+    """A seed that ran the recommended file as ``cfg:`` and another that ran the same section as a matrix id."""
+    def hashed(row: dict, section_hash: str) -> dict:
+        return {**row, "section_hash": section_hash}
+
+    def seed(root: Path, sid: str, final: float) -> Path:
+        root.mkdir()
+        rows = [hashed(_row("ds_dense", "dense", 0.5, 0.5, 0.8, 200, 1.0), "dense0"),
+                hashed(_row(sid, "sparse", final, 0.5, 0.8, 210, 0.2), "topk10"),
+                hashed(_row("other", "sparse", 0.6, 0.5, 0.8, 250, 0.2), "topk100")]
+        (root / "fidelity.json").write_text(json.dumps({"model": "lstm", "steps": 150, "reference": "ds_dense",
+                                                        "systems": rows}))
+        return root
+
+    res = combine([[seed(tmp_path / "a", "gv_topk_10", 0.51)], [seed(tmp_path / "b", "lstm_recommended", 0.53)]])
+    rows = {r["id"]: r for r in res["systems"]}
+    assert set(rows) == {"ds_dense", "gv_topk_10", "other"}
+    assert rows["gv_topk_10"]["also"] == ["lstm_recommended"]
+    assert abs(rows["gv_topk_10"]["final_loss"] - 0.52) < 1e-12      # both seeds averaged
+    assert "| gv_topk_10 (also lstm_recommended) | +2%, +6% |" in markdown(res)
+
+
+def test_a_seed_that_ran_one_section_twice_contributes_its_first_row(tmp_path: Path) -> None:
+    root = tmp_path / "a"
+    root.mkdir()
+    rows = [_row("ds_dense", "dense", 0.5, 0.5, 0.8, 200, 1.0), _row("first", "sparse", 0.55, 0.5, 0.8, 210, 0.2),
+            _row("second", "sparse", 0.55, 0.5, 0.8, 210, 0.2)]
+    for r, h in zip(rows, ["d", "same", "same"]):
+        r["section_hash"] = h
+    (root / "fidelity.json").write_text(json.dumps({"model": "lstm", "steps": 150, "reference": "ds_dense",
+                                                    "systems": rows}))
+    res = combine([[root]])
+    assert [r["id"] for r in res["systems"]] == ["ds_dense", "first"]
