@@ -9,8 +9,9 @@ reach dense's accuracy in wall time on the emulated cluster?
 two ranks of this machine (loopback, no namespaces): the loss per step of a static configuration does not depend
 on the link. ``report`` puts each system's loss at equal steps next to dense's, the step at which it first reaches
 dense's target (dense's smoothed loss at 75% of the budget), and — from ``bench_e2e`` runs on the emulated cluster —
-its time to that target at each link rate: steps to target × the system's median step time there. A GraVAC system
-decides from measured step times, so its row at a rate is its own cluster run (loss and time) when that run exists.
+its time to that target at each link rate: steps to target × the system's median step time there (a static system
+with ``warmup_steps`` dense steps: those at its cluster run's dense step, the rest at its compressed step). A GraVAC
+system decides from measured step times, so its row at a rate is its own cluster run (loss and time) when that run exists.
 
 Systems are ``bench_e2e`` matrix ids (``gv_powersgd_r16``, ``gv_topk_100@cf=50``) or shipped config files
 (``cfg:ds_configs/resnet101_recommended.json``), whose non-``"gravac"`` keys must equal the task's dense config.
@@ -139,18 +140,37 @@ def _adaptive(section: Optional[dict[str, Any]]) -> bool:
     return bool(section) and section.get("mode") == "gravac"
 
 
-def _time_at_rate(sid: str, curve: dict[str, Any], steps_to_target: Optional[int], adaptive: bool,
+def _time_at_rate(sid: str, curve: dict[str, Any], steps_to_target: Optional[int], section: Optional[dict[str, Any]],
                   cluster: dict[str, dict[str, Any]], target: float) -> dict[str, Any]:
     """Step time and time to target of one system at one rate (see the module docstring)."""
     run = cluster.get(sid)
     if run is None or run["median_step"] is None:
         return {"step_s": None, "time_s": None, "source": "no cluster run"}
-    if adaptive:
+    if _adaptive(section):
         reach = _first_reach(run["smoothed"], target)
         return {"step_s": run["median_step"], "time_s": sum(run["times"][:reach]) if reach else None,
                 "source": "cluster run"}
+    warmup = int((section or {}).get("warmup_steps", 0))
+    if warmup:
+        return _time_with_dense_start(run, steps_to_target, warmup)
     time_s = steps_to_target * run["median_step"] if steps_to_target else None
     return {"step_s": run["median_step"], "time_s": time_s, "source": "loopback steps × cluster step"}
+
+
+def _time_with_dense_start(run: dict[str, Any], steps_to_target: Optional[int], warmup: int) -> dict[str, Any]:
+    """A static system that starts with ``warmup`` dense steps: those at its cluster run's dense step, the rest at
+    its compressed step (both medians past the first ``SKIP_STEPS``). Its cluster run must outlast the warm-up by at
+    least ``SKIP_STEPS`` compressed steps, or there is no compressed step to take."""
+    times = run["times"]
+    dense_part, compressed_part = times[SKIP_STEPS:warmup], times[warmup + SKIP_STEPS:]
+    if not dense_part or not compressed_part:
+        return {"step_s": None, "time_s": None,
+                "source": f"cluster run of {len(times)} steps too short for {warmup} dense steps"}
+    dense_s, step_s = statistics.median(dense_part), statistics.median(compressed_part)
+    time_s = (min(steps_to_target, warmup) * dense_s + max(0, steps_to_target - warmup) * step_s
+              if steps_to_target else None)
+    return {"step_s": step_s, "dense_start_step_s": dense_s, "time_s": time_s,
+            "source": f"{warmup} dense steps × cluster dense step + the rest × cluster step"}
 
 
 def build(dirs: Sequence[Path] | Path, clusters: dict[str, Sequence[Path] | Path]) -> dict[str, Any]:
@@ -178,7 +198,7 @@ def build(dirs: Sequence[Path] | Path, clusters: dict[str, Sequence[Path] | Path
                "rises": max(c["smoothed"]) > c["smoothed"][0] + 1e-12, "peak": max(c["smoothed"]),
                "steps_to_target": reach, "eval": c["eval"], "rates": {}}
         for rate, cl in cluster_curves.items():
-            row["rates"][rate] = _time_at_rate(sid, c, reach, _adaptive(sections[sid]), cl, target)
+            row["rates"][rate] = _time_at_rate(sid, c, reach, sections[sid], cl, target)
         row["verdict"] = _verdict(row, ref)
         rows.append(row)
     for rate in clusters:

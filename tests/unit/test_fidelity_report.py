@@ -149,3 +149,25 @@ def test_cluster_argument_takes_several_directories(tmp_path: Path) -> None:
         cluster_arg(f"1gbit={a},{tmp_path}")
     with pytest.raises(argparse.ArgumentTypeError, match="RATE=DIR"):
         cluster_arg(str(a))
+
+
+def test_a_dense_start_is_timed_at_the_dense_step(tmp_path: Path) -> None:
+    """Static Top-k after 10 dense steps: the 10 dense steps cost the cluster run's dense step, the rest its
+    compressed step; a cluster run that ends inside its warm-up gives no time rather than a wrong one."""
+    warm = {**STATIC, "warmup_steps": 10}
+    loop = _write_run(tmp_path / "loop", "mlp", {
+        "ds_dense": {"loss": DENSE, "time": 0.1, "bytes": 1000.0, "gravac": None},
+        "warm": {"loss": DENSE, "time": 0.1, "bytes": 10.0, "gravac": warm},
+        "warm_short": {"loss": DENSE, "time": 0.1, "bytes": 10.0, "gravac": warm}})
+    cluster = _write_run(tmp_path / "c1g", "mlp", {
+        "ds_dense": {"loss": DENSE[:20], "time": 2.0, "bytes": 1000.0, "gravac": None},
+        "warm": {"loss": DENSE[:16], "time": [9.0] + [1.5] * 9 + [0.25] * 6, "bytes": 10.0, "gravac": warm},
+        "warm_short": {"loss": DENSE[:11], "time": [1.5] * 11, "bytes": 10.0, "gravac": warm}})
+    rows = {r["id"]: r for r in build(loop, {"1gbit": cluster})["systems"]}
+    reach = rows["warm"]["steps_to_target"]
+    at = rows["warm"]["rates"]["1gbit"]
+    assert at["time_s"] == pytest.approx(10 * 1.5 + (reach - 10) * 0.25)
+    assert at["step_s"] == 0.25 and at["dense_start_step_s"] == 1.5
+    assert at["speedup"] == pytest.approx(reach * 2.0 / at["time_s"])
+    short = rows["warm_short"]["rates"]["1gbit"]
+    assert short["time_s"] is None and "too short for 10 dense steps" in short["source"]
