@@ -226,7 +226,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     run.add_argument("--systems", default=None,
                      help=f"comma list (default: all); quick set: {','.join(QUICK_SYSTEMS)}; a variant overrides "
                      "keys of a system's gravac section: gv_gravac@epsilon=0.1@compressor.params.rank=8; "
-                     "cfg:<file> runs a config file's gravac section (its other keys must equal the base config's)")
+                     "cfg:<file> runs a config file's gravac section (its other keys must equal the base config's; @key=value works there too)")
     run.add_argument("--micro-batch", type=int, default=None)
     run.add_argument("--runner-extra", default="", type=str.split, metavar="'OPTIONS'",
                      help="runner options added for every system, e.g. '--lstm-size medium'")

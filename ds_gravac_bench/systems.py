@@ -180,17 +180,19 @@ def resolve_system(matrix: dict[str, SystemSpec], sid: str, base: Optional[dict[
     """``base@key=value@…``: a matrix system with keys of its "gravac" section overridden or added (values read as
     JSON; a dotted key such as ``compressor.params.rank`` reaches inside a nested object), so one invocation compares e.g. GraVAC at several ε, or with ``gain_denominator=raw``, against the
     same DeepSpeed dense run. Values are validated with the whole section before any cluster comes up.
-    ``cfg:<file>`` is a config file's section (:func:`config_system`, checked against ``base``)."""
-    if sid.startswith("cfg:"):
-        return config_system(sid[4:], base)
-    base_id, *overrides = sid.split("@")
-    if base_id not in matrix:
-        raise ValueError(f"unknown system '{base_id}'; known: {', '.join(matrix)}")
-    spec = matrix[base_id]
+    ``cfg:<file>`` is a config file's section (:func:`config_system`, checked against ``base``), and takes the same
+    ``@key=value`` overrides (``cfg:ds_configs/lstm_gravac_geo.json@warmup_steps=25``)."""
+    head, *overrides = sid.split("@")
+    if head.startswith("cfg:"):
+        spec = config_system(head[4:], base)
+    elif head not in matrix:
+        raise ValueError(f"unknown system '{head}'; known: {', '.join(matrix)}")
+    else:
+        spec = matrix[head]
     if not overrides:
         return spec
     if spec.gravac is None:
-        raise ValueError(f"system '{base_id}' has no \"gravac\" section to override ('{sid}')")
+        raise ValueError(f"system '{head}' has no \"gravac\" section to override ('{sid}')")
     from ds_gravac.config import GravacConfig
 
     keys = sorted(GravacConfig.model_fields)
@@ -207,7 +209,8 @@ def resolve_system(matrix: dict[str, SystemSpec], sid: str, base: Optional[dict[
         except json.JSONDecodeError:
             value = raw
         _set_path(section, path, value)
-    return replace(spec, id=sid, gravac=section, note=f"{spec.note} ({', '.join(overrides)})".lstrip())
+    return replace(spec, id=sid if not head.startswith("cfg:") else f"{spec.id}@{'@'.join(overrides)}",
+                   gravac=section, note=f"{spec.note} ({', '.join(overrides)})".lstrip())
 
 
 def _set_path(section: dict[str, Any], path: list[str], value: Any) -> None:

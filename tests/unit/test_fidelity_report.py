@@ -99,6 +99,12 @@ def test_config_systems_must_match_the_base(tmp_path: Path) -> None:
     same.write_text(json.dumps({**base, "gravac": STATIC}))
     spec = resolve_system(system_matrix(100), f"cfg:{same}", base)
     assert spec.id == "mine" and spec.gravac == STATIC and spec.system == "gravac"
+    warm = resolve_system(system_matrix(100), f"cfg:{same}@warmup_steps=25@compressor.params.rank=4", base)
+    assert warm.id == "mine@warmup_steps=25@compressor.params.rank=4"
+    assert warm.gravac == {**STATIC, "warmup_steps": 25, "compressor": {"type": "topk", "params": {"rank": 4}}}
+    assert STATIC == {"mode": "static", "compressor": "topk", "cf": 100}      # the file's section is not changed
+    with pytest.raises(ValueError, match="expected @key=value"):
+        resolve_system(system_matrix(100), f"cfg:{same}@no_such_key=1", base)
     other = tmp_path / "other.json"
     other.write_text(json.dumps({"optimizer": {"type": "SGD", "params": {"lr": 0.1}}, "gravac": STATIC}))
     with pytest.raises(ValueError, match="differ from the base config: optimizer"):
