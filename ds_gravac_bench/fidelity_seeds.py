@@ -107,7 +107,7 @@ def _verdict(row: dict[str, Any]) -> str:
 def markdown(res: dict[str, Any]) -> str:
     n = len(res["seeds"])
     rates = sorted({rate for r in res["systems"] for rate in r["time_s"]})
-    head = ["system", "gap per seed", "mean final loss (dense)", "gap of the means", "mean top-1 (dense)",
+    head = ["system", "gap per seed", "mean final loss (dense)", "gap of the means", "mean top-1 or perplexity (dense)",
             "bytes / dense", "steps to target per seed (dense)"]
     head += [f"{rate} mean time to target s (× dense)" for rate in rates] + ["bounds on the means"]
     lines = [f"# Fidelity over {n} seeds — {res['model']}, {res['steps']} steps, 2 ranks", "",
@@ -115,7 +115,9 @@ def markdown(res: dict[str, Any]) -> str:
     for r in res["systems"]:
         steps = ", ".join(f"{'–' if s is None else s} ({'–' if d is None else d})"
                           for s, d in zip(r["steps_to_target"], r["dense_steps_to_target"]))
-        top1 = "–" if r["top1"] is None else f"{100 * r['top1']:.1f}% ({100 * r['dense_top1']:.1f}%)"
+        top1 = (f"{100 * r['top1']:.1f}% ({100 * r['dense_top1']:.1f}%)" if r["top1"] is not None
+                else f"ppl {r['ppl']:.1f} ({r['dense_ppl']:.1f}), {100 * (r['ppl'] / r['dense_ppl'] - 1):+.1f}%"
+                if r["ppl"] is not None and r["dense_ppl"] else "–")
         lines.append("| " + " | ".join([
             r["id"] + (f" (also {', '.join(r['also'])})" if r.get("also") else ""),
             ", ".join(f"{100 * g:+.0f}%" for g in r["gaps"]),

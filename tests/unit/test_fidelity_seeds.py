@@ -84,7 +84,23 @@ def test_one_configuration_under_two_ids_is_matched_by_its_section(tmp_path: Pat
     assert set(rows) == {"ds_dense", "gv_topk_10", "other"}
     assert rows["gv_topk_10"]["also"] == ["lstm_recommended"]
     assert abs(rows["gv_topk_10"]["final_loss"] - 0.52) < 1e-12      # both seeds averaged
-    assert "| gv_topk_10 (also lstm_recommended) | +2%, +6% |" in markdown(res)
+    md = markdown(res)
+    assert "| gv_topk_10 (also lstm_recommended) | +2%, +6% |" in md
+
+
+def test_language_models_show_the_mean_perplexity(tmp_path: Path) -> None:
+    def seed(root: Path, dense_ppl: float, ppl: float) -> Path:
+        root.mkdir()
+        rows = [{**_row("ds_dense", "dense", 5.0, 5.0, 0.0, 110, 1.0), "eval": {"eval/ppl": dense_ppl}},
+                {**_row("topk", "sparse", 5.1, 5.0, 0.0, 112, 0.2), "eval": {"eval/ppl": ppl}}]
+        (root / "fidelity.json").write_text(json.dumps({"model": "lstm", "steps": 150, "reference": "ds_dense",
+                                                        "systems": rows}))
+        return root
+
+    res = combine([[seed(tmp_path / "a", 140.0, 160.0)], [seed(tmp_path / "b", 160.0, 170.0)]])
+    row = next(r for r in res["systems"] if r["id"] == "topk")
+    assert row["ppl"] == 165.0 and row["dense_ppl"] == 150.0 and row["verdict"] == "mean perplexity"
+    assert "| ppl 165.0 (150.0), +10.0% |" in markdown(res)
 
 
 def test_a_seed_that_ran_one_section_twice_contributes_its_first_row(tmp_path: Path) -> None:
