@@ -143,7 +143,7 @@ def _adaptive(section: Optional[dict[str, Any]]) -> bool:
 def _time_at_rate(sid: str, curve: dict[str, Any], steps_to_target: Optional[int], section: Optional[dict[str, Any]],
                   cluster: dict[str, dict[str, Any]], target: float) -> dict[str, Any]:
     """Step time and time to target of one system at one rate (see the module docstring)."""
-    run = cluster.get(sid)
+    run = cluster.get(sid) or cluster.get(section_hash(section))
     if run is None or run["median_step"] is None:
         return {"step_s": None, "time_s": None, "source": "no cluster run"}
     if _adaptive(section):
@@ -183,7 +183,7 @@ def build(dirs: Sequence[Path] | Path, clusters: dict[str, Sequence[Path] | Path
         raise SystemExit("fidelity: the run has no dense system (ds_dense or a mode 'dense' config) to compare with")
     ref = curves[ref_id]
     target = ref["smoothed"][max(0, int(TARGET_FRACTION * len(ref["smoothed"])) - 1)]
-    cluster_curves = {rate: _load_dirs(_paths(path))[1] for rate, path in clusters.items()}
+    cluster_curves = {rate: _cluster_runs(_paths(path)) for rate, path in clusters.items()}
     rows = []
     for sid, c in curves.items():
         if not c["smoothed"] or sid.startswith("compute_only"):   # one rank alone: only its step time means something
@@ -209,6 +209,14 @@ def build(dirs: Sequence[Path] | Path, clusters: dict[str, Sequence[Path] | Path
     return {"model": meta["model"], "steps": meta["steps"], "reference": ref_id, "target_loss": target,
             "env": meta.get("env"), "runs": [str(p) for p in _paths(dirs)],
             "clusters": {k: ", ".join(str(p) for p in _paths(v)) for k, v in clusters.items()}, "systems": rows}
+
+
+def _cluster_runs(paths: Sequence[Path]) -> dict[str, dict[str, Any]]:
+    """A rate's cluster runs by id, and by the hash of what they train: a loopback system finds its cluster run
+    also when that ran the same section under another id (``cfg:…recommended.json`` against ``gv_topk_10``)."""
+    _, curves, sections = _load_dirs(paths)
+    by_section = {section_hash(sections[sid]): curve for sid, curve in reversed(list(curves.items()))}
+    return {**by_section, **curves}
 
 
 def _paths(value: Sequence[Path] | Path) -> list[Path]:
@@ -310,7 +318,7 @@ def plots(res: dict[str, Any], outdir: Path, curves: dict[str, dict[str, Any]],
             t = r["rates"][rate]
             if t["step_s"] is None:
                 continue
-            run = cluster_curves[rate].get(r["id"])
+            run = cluster_curves[rate].get(r["id"]) or cluster_curves[rate].get(r["section_hash"])
             if t["source"] == "cluster run" and run:
                 wall, ys = _cumsum(run["times"]), run["smoothed"]
             else:
@@ -335,7 +343,7 @@ def report(dirs: Sequence[Path], clusters: dict[str, list[Path]], out: Path) -> 
     out.mkdir(parents=True, exist_ok=True)
     (out / "fidelity.json").write_text(json.dumps(res, indent=1))
     (out / "fidelity.md").write_text(markdown(res))
-    plots(res, out / "plots", _load_dirs(dirs)[1], {k: _load_dirs(v)[1] for k, v in clusters.items()})
+    plots(res, out / "plots", _load_dirs(dirs)[1], {k: _cluster_runs(_paths(v)) for k, v in clusters.items()})
     return res
 
 

@@ -177,3 +177,14 @@ def test_a_dense_start_is_timed_at_the_dense_step(tmp_path: Path) -> None:
     assert at["speedup"] == pytest.approx(reach * 2.0 / at["time_s"])
     short = rows["warm_short"]["rates"]["1gbit"]
     assert short["time_s"] is None and "too short for 10 dense steps" in short["source"]
+
+
+def test_a_cluster_run_of_the_same_section_under_another_id_gives_the_time(tmp_path: Path) -> None:
+    loop = _write_run(tmp_path / "loop", "mlp", {
+        "ds_dense": {"loss": DENSE, "time": 0.1, "bytes": 1000.0, "gravac": None},
+        "mlp_recommended": {"loss": DENSE, "time": 0.1, "bytes": 10.0, "gravac": STATIC}})
+    cluster = _write_run(tmp_path / "c1g", "mlp", {
+        "ds_dense": {"loss": DENSE[:20], "time": 2.0, "bytes": 1000.0, "gravac": None},
+        "gv_topk_100": {"loss": DENSE[:20], "time": 0.5, "bytes": 10.0, "gravac": STATIC}})
+    row = next(r for r in build(loop, {"1gbit": cluster})["systems"] if r["id"] == "mlp_recommended")
+    assert row["rates"]["1gbit"]["step_s"] == 0.5 and row["rates"]["1gbit"]["speedup"] == pytest.approx(4.0)
