@@ -3,7 +3,7 @@
 On CPU the kernels in ``ds_gravac.compress.sparse_select`` run through numpy (less per-op overhead); on a GPU
 they run their torch branch, which CPU training never exercises. Here ``on_numpy`` is switched off so the torch
 branch runs on the same inputs: sizes around the small-tensor and chunk thresholds, ties, k = 1 and k = n,
-all-zero and negative values, and a NaN.
+all-zero, mostly-zero (fewer non-zeros than k) and negative values, and a NaN.
 """
 from __future__ import annotations
 
@@ -24,6 +24,13 @@ def inputs() -> list[tuple[str, torch.Tensor]]:
         out.append((f"laplace{n}", torch.distributions.Laplace(0.0, 1.0).sample((n,)).float()))
         out.append((f"ties{n}", torch.randint(-3, 4, (n,), generator=gen).float()))
     out.append(("zeros", torch.zeros(5000)))
+    for n in (1000, 3 * sel.CHUNK + 17):                 # an embedding's gradient: most rows untouched, exact zeros
+        mostly_zero = torch.randn(n, generator=gen)
+        mostly_zero[torch.rand(n, generator=gen) < 0.93] = 0.0
+        out.append((f"mostly_zero{n}", mostly_zero))
+    just_over = torch.randn(3 * sel.CHUNK + 17, generator=gen)   # 11% non-zero: the sampled threshold at k = 10%
+    just_over[torch.rand(just_over.numel(), generator=gen) < 0.89] = 0.0   # is 0, yet ≥ k non-zeros exist
+    out.append(("just_over_k_nonzero", just_over))
     out.append(("negative", -torch.rand(5000, generator=gen) - 1.0))
     for n in (1000, sel.SMALL_N + 5):                       # fp64 gradients take the same kernels
         out.append((f"float64_{n}", torch.randn(n, generator=gen, dtype=torch.float64)))
@@ -200,3 +207,11 @@ def test_nan_safe_topk_both_branches(monkeypatch: pytest.MonkeyPatch) -> None:
                 assert got.tolist()[0] in (1, 3)
             else:
                 assert got.tolist() == expected
+
+
+def test_nan_among_mostly_zeros_is_selected(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fewer non-zeros than k: every non-zero, the NaN included (it counts as largest), then the lowest zeros."""
+    a = torch.zeros(1000)
+    a[5], a[7] = float("nan"), 1.0
+    got_np, got_t = both(sel.topk_among, a, 3, monkeypatch=monkeypatch)
+    assert got_np.tolist() == got_t.tolist() == [0, 5, 7]
