@@ -14,6 +14,7 @@ from pydantic import Field
 
 from ..errors import GravacConfigError
 from . import sparse_select as sel
+from . import sparse_thresholds as thresholds
 from .base import CompressCtx, Payload, TensorPlan
 from .optimizers import find_optimizer, optimizer_chain
 from .sparse import SparseCompressor, SparseParams, trim
@@ -142,7 +143,7 @@ class DGC(SparseCompressor):
         else:
             gen = self.rank_generator(x, ctx, STREAM_DGC_SAMPLE)
             sample = a.index_select(0, torch.randint(n, (s,), generator=gen, device=x.device))
-        thr, _, used = sel.dgc_threshold(a, k, sample, p.adapt_up, p.adapt_down, p.max_adapt_iters)
+        thr, _, used = thresholds.dgc_threshold(a, k, sample, p.adapt_up, p.adapt_down, p.max_adapt_iters)
         self.last_adapt_iters[ctx.key] = used
         cand = sel.candidates(a, thr)
         self.last_candidates[ctx.key] = cand.numel()

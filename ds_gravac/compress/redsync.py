@@ -7,6 +7,7 @@ import torch
 from pydantic import Field
 
 from . import sparse_select as sel
+from . import sparse_thresholds as thresholds
 from .base import CompressCtx, TensorPlan
 from .sparse import SparseCompressor, SparseParams, trim
 
@@ -32,7 +33,7 @@ class RedSync(SparseCompressor):
         return super().make_plan(numel, level)
 
     def _search(self, a: Tensor, k: int) -> Tensor:
-        thr, _, _ = sel.redsync_threshold(a, k, self.params.search_eps, self.params.max_iters)
+        thr, _, _ = thresholds.redsync_threshold(a, k, self.params.search_eps, self.params.max_iters)
         return sel.candidates(a, thr, strict=True)
 
     def select(self, x: Tensor, plan: TensorPlan, ctx: CompressCtx) -> Tensor:

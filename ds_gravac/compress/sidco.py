@@ -8,6 +8,7 @@ import torch
 from pydantic import Field, field_validator
 
 from . import sparse_select as sel
+from . import sparse_thresholds as thresholds
 from .base import CompressCtx, TensorPlan
 from .sparse import SparseCompressor, SparseParams, trim
 
@@ -37,15 +38,15 @@ class SIDCo(SparseCompressor):
 
     def ratios(self, level: float) -> list[float]:
         p = self.params
-        return sel.sidco_ratios(min(1.0, 1.0 / level), p.first_ratio, p.stage_ratio, p.num_stages)
+        return thresholds.sidco_ratios(min(1.0, 1.0 / level), p.first_ratio, p.stage_ratio, p.num_stages)
 
     def select(self, x: Tensor, plan: TensorPlan, ctx: CompressCtx) -> Tensor:
         a = x.abs()
-        thr = sel.sidco_threshold(a, self.ratios(plan.level), plan.k)
+        thr = thresholds.sidco_threshold(a, self.ratios(plan.level), plan.k)
         return self.capacity(x, sel.candidates(a, thr, strict=True), plan.k, ctx.key)
 
     def select_stage2(self, a1: Tensor, k2: int, plan2: TensorPlan, x: Tensor, ctx: CompressCtx) -> Tensor:
         q = k2 / a1.numel()   # further stages on stage 1's exceedances, product of ratios = k2/m1
         stages = max(1, math.ceil(math.log(q) / math.log(self.params.stage_ratio) - 1e-12))
         ratios = [self.params.stage_ratio] * (stages - 1) + [q / self.params.stage_ratio ** (stages - 1)]
-        return trim(a1, sel.candidates(a1, sel.sidco_threshold(a1, ratios, k2, m0_first=None), strict=True), k2)
+        return trim(a1, sel.candidates(a1, thresholds.sidco_threshold(a1, ratios, k2, m0_first=None), strict=True), k2)

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from ds_gravac.compress import sparse_select as sel
+from ds_gravac.compress import sparse_thresholds as thresholds
 
 SIZES = [1, 7, 1000, sel.SMALL_N - 1, sel.SMALL_N + 5, 3 * sel.CHUNK + 17]
 
@@ -116,7 +117,7 @@ def test_candidates_counts_and_gathers(name: str, x: torch.Tensor, monkeypatch: 
             assert n_np == n_t == int(mask.sum())
         f_np, f_t = both(sel.flatnonzero, (a >= thr), monkeypatch=monkeypatch)
         assert torch.equal(f_np.long(), f_t.long())
-        e_np, e_t = both(sel.exceedances, a, thr, monkeypatch=monkeypatch)
+        e_np, e_t = both(thresholds.exceedances, a, thr, monkeypatch=monkeypatch)
         assert torch.equal(e_np, a[a > thr]) and torch.equal(e_t, a[a > thr])
     idx = torch.arange(0, x.numel(), 3)
     g_np, g_t = both(sel.gather, x, idx, monkeypatch=monkeypatch)
@@ -187,12 +188,12 @@ def test_threshold_searches(name: str, x: torch.Tensor, monkeypatch: pytest.Monk
         for r in (1, max(1, sample.numel() // 3), sample.numel()):
             l_np, l_t = both(sel.largest_at, sample, r, monkeypatch=monkeypatch)
             assert l_np == l_t == float(sample.double().sort(descending=True).values[r - 1])
-        d_np, d_t = both(sel.dgc_threshold, a, k, sample, 1.3, 0.7, 10, monkeypatch=monkeypatch)
+        d_np, d_t = both(thresholds.dgc_threshold, a, k, sample, 1.3, 0.7, 10, monkeypatch=monkeypatch)
         assert d_np == d_t and d_t[1] == int((a >= d_t[0]).sum()), (k, d_np, d_t)
-        r_np, r_t = both(sel.redsync_threshold, a, k, 0.2, 20, monkeypatch=monkeypatch)
+        r_np, r_t = both(thresholds.redsync_threshold, a, k, 0.2, 20, monkeypatch=monkeypatch)
         assert r_np == r_t and r_t[1] == int((a > r_t[0]).sum()), (k, r_np, r_t)
-        ratios = sel.sidco_ratios(k / n, 0.25, 0.25, 3)
-        s_np, s_t = both(sel.sidco_threshold, a, ratios, k, monkeypatch=monkeypatch)
+        ratios = thresholds.sidco_ratios(k / n, 0.25, 0.25, 3)
+        s_np, s_t = both(thresholds.sidco_threshold, a, ratios, k, monkeypatch=monkeypatch)
         assert s_np == s_t, (k, s_np, s_t)
 
 

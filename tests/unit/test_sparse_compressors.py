@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from ds_gravac.compress import sparse_select as sel
+from ds_gravac.compress import sparse_thresholds as thresholds
 from ds_gravac.compress.base import CompressCtx, Kind, Payload, k_for
 from ds_gravac.compress.registry import lookup
 from ds_gravac.compress.randomk import random_order
@@ -382,7 +383,7 @@ def test_dgc_threshold_adaptation_ends_in_band_or_after_max_iters() -> None:
     gen = torch.Generator().manual_seed(0)
     for k in (200, 2000, 20000):
         sample = a[torch.randint(a.numel(), (2000,), generator=gen)]
-        thr, c, used = sel.dgc_threshold(a, k, sample, 1.3, 0.7, 10)
+        thr, c, used = thresholds.dgc_threshold(a, k, sample, 1.3, 0.7, 10)
         assert c == int((a >= thr).sum())
         assert 0.7 * k <= c <= 1.3 * k or used == 10
 
@@ -499,8 +500,8 @@ def test_redsync_deterministic_and_early_stop_band() -> None:
     a = laplace(100000, seed=12).abs()
     stops = 0
     for k in (100, 1000, 5000, 10000):
-        thr, c, stopped = sel.redsync_threshold(a, k, 0.2, 20)
-        assert (thr, c, stopped) == sel.redsync_threshold(a, k, 0.2, 20)
+        thr, c, stopped = thresholds.redsync_threshold(a, k, 0.2, 20)
+        assert (thr, c, stopped) == thresholds.redsync_threshold(a, k, 0.2, 20)
         if stopped:
             stops += 1
             assert k <= c <= 2 * k
@@ -525,7 +526,7 @@ def test_sidco_candidate_count_within_20_percent_on_laplace(level: float) -> Non
 def test_sidco_stage_ratios_multiply_to_delta() -> None:
     for delta in (0.5, 0.1, 0.01, 0.001, 1e-4):
         for stages in (0, 1, 2, 3):
-            assert math.isclose(math.prod(sel.sidco_ratios(delta, 0.25, 0.25, stages)), delta, rel_tol=1e-12)
+            assert math.isclose(math.prod(thresholds.sidco_ratios(delta, 0.25, 0.25, stages)), delta, rel_tol=1e-12)
     with pytest.raises(ValueError):
         lookup("sidco").Params(adapt_stages=True)
 
