@@ -143,7 +143,7 @@ def _adaptive(section: Optional[dict[str, Any]]) -> bool:
 def _time_at_rate(sid: str, curve: dict[str, Any], steps_to_target: Optional[int], section: Optional[dict[str, Any]],
                   cluster: dict[str, dict[str, Any]], target: float) -> dict[str, Any]:
     """Step time and time to target of one system at one rate (see the module docstring)."""
-    run = cluster.get(sid) or cluster.get(section_hash(section))
+    run = cluster.get(sid) or cluster.get(match_key(sid, section))
     if run is None or run["median_step"] is None:
         return {"step_s": None, "time_s": None, "source": "no cluster run"}
     if _adaptive(section):
@@ -190,7 +190,7 @@ def build(dirs: Sequence[Path] | Path, clusters: dict[str, Sequence[Path] | Path
             continue
         n = min(len(c["smoothed"]), len(ref["smoothed"]))
         reach = _first_reach(c["smoothed"], target)
-        row = {"id": sid, "family": _family(sections[sid]), "section_hash": section_hash(sections[sid]),
+        row = {"id": sid, "family": _family(sections[sid]), "section_hash": match_key(sid, sections[sid]),
                "steps": len(c["smoothed"]),
                "final_loss": c["smoothed"][n - 1], "dense_loss": ref["smoothed"][n - 1],
                "gap": c["smoothed"][n - 1] / ref["smoothed"][n - 1] - 1.0,
@@ -215,7 +215,7 @@ def _cluster_runs(paths: Sequence[Path]) -> dict[str, dict[str, Any]]:
     """A rate's cluster runs by id, and by the hash of what they train: a loopback system finds its cluster run
     also when that ran the same section under another id (``cfg:…recommended.json`` against ``gv_topk_10``)."""
     _, curves, sections = _load_dirs(paths)
-    by_section = {section_hash(sections[sid]): curve for sid, curve in reversed(list(curves.items()))}
+    by_section = {match_key(sid, sections[sid]): curve for sid, curve in reversed(list(curves.items()))}
     return {**by_section, **curves}
 
 
@@ -223,9 +223,12 @@ def _paths(value: Sequence[Path] | Path) -> list[Path]:
     return [value] if isinstance(value, Path) else list(value)
 
 
-def section_hash(section: Optional[dict[str, Any]]) -> str:
+def match_key(sid: str, section: Optional[dict[str, Any]]) -> str:
     """What a system trains, independent of its id: the same "gravac" section run under two ids (a matrix id and a
-    ``cfg:`` file) gets one hash, so runs of several seeds can be matched on it."""
+    ``cfg:`` file) gets one hash, so runs of several seeds or a cluster run can be matched on it. Systems without a
+    section (DeepSpeed's and DDP's own paths) differ in more than a section, so they keep their id."""
+    if section is None:
+        return f"id:{sid}"
     return hashlib.sha1(json.dumps(section, sort_keys=True).encode()).hexdigest()[:12]
 
 

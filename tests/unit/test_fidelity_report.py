@@ -137,10 +137,15 @@ def test_rows_carry_a_hash_of_what_they_train(tmp_path: Path) -> None:
         "gv_topk_100": {"loss": DENSE, "time": 0.1, "bytes": 10.0, "gravac": STATIC},
         "mlp_topk_100": {"loss": DENSE, "time": 0.1, "bytes": 10.0, "gravac": dict(reversed(list(STATIC.items())))},
         "gv_gravac": {"loss": DENSE, "time": 0.1, "bytes": 10.0, "gravac": GRAVAC},
+        "ddp_dense": {"loss": DENSE, "time": 0.1, "bytes": 1000.0, "gravac": None},
     })
-    rows = {r["id"]: r for r in build(loop, {})["systems"]}
+    cluster = _write_run(tmp_path / "c1g", "mlp", {
+        "ds_dense": {"loss": DENSE[:20], "time": 2.0, "bytes": 1000.0, "gravac": None}})
+    rows = {r["id"]: r for r in build(loop, {"1gbit": cluster})["systems"]}
     assert rows["gv_topk_100"]["section_hash"] == rows["mlp_topk_100"]["section_hash"]
-    assert len({rows[s]["section_hash"] for s in ("ds_dense", "gv_topk_100", "gv_gravac")}) == 3
+    assert len({rows[s]["section_hash"] for s in ("ds_dense", "gv_topk_100", "gv_gravac", "ddp_dense")}) == 4
+    # no section is not one configuration: DDP's dense path is not timed by DeepSpeed's cluster run
+    assert rows["ddp_dense"]["rates"]["1gbit"]["time_s"] is None
 
 
 def test_cluster_argument_takes_several_directories(tmp_path: Path) -> None:
