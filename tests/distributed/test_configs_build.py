@@ -47,7 +47,8 @@ def _train(rank: int, cfg: dict) -> dict:
     # where the run clips: the engine, or DGC, which takes the clipping over (it would clip DGC's velocity)
     local_clip = float(getattr(getattr(handle.compressor, "params", None), "clip_norm", 0.0) or 0.0)
     result = {"losses": losses, "records": records, "params": flat, "clip": engine.gradient_clipping(),
-              "local_clip": local_clip, "lr": engine.get_lr()[0]}
+              "local_clip": local_clip, "owns_optimizer": bool(handle.compressor.owns_optimizer),
+              "lr": engine.get_lr()[0]}
     ds_gravac.detach(engine)
     return result
 
@@ -77,7 +78,7 @@ def test_config_trains_on_two_ranks(built: list, name: str) -> None:
     assert r0["records"] == r1["records"], "all ranks take the same branches"
     assert r0["records"][0]["branch"] == "dense"
     # the run clips as the config says (0 for the CNNs, 0.25 for the LSTM): in the engine, or, under DGC, in DGC
-    dgc = "dgc" in name
+    dgc = r0["owns_optimizer"]                      # DGC (any file that selects it, e.g. lstm_recommended.json)
     assert (r0["clip"], r0["local_clip"] if dgc else 0.0) == ((0.0, r0["clip_config"]) if dgc else (r0["clip_config"], 0.0))
 
 
