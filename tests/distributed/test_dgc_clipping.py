@@ -41,7 +41,9 @@ def _dgc(rank: int, params: dict) -> tuple[dict, dict]:
     engine, *_ = ds_gravac.initialize(model=model, model_parameters=model.parameters(), config=_config(CLIP, gravac))
     handle = ds_gravac.get_handle(engine)
     M.force_dense(handle, lambda step: True)
-    attached = {"engine": engine.gradient_clipping(), "clip_norm": handle.compressor.params.clip_norm}
+    from runners.systems import EngineSystem
+    attached = {"engine": engine.gradient_clipping(), "clip_norm": handle.compressor.params.clip_norm,
+                "runner_reports": EngineSystem("gravac", engine, handle, 2).gradient_clipping()}
     M.train(engine, rank, STEPS, micro=MICRO)
     out = M.params_of(engine)
     ds_gravac.detach(engine)
@@ -61,5 +63,6 @@ def test_dgc_takes_over_gradient_clipping() -> None:
     for r in runs:
         assert _rel_err(r["clipped"], r["unclipped"], start) < 1e-6     # slack on the averaged gradient
         assert _rel_err(r["dgc"], r["clipped"], start) < 1e-5           # DGC = DeepSpeed momentum SGD, clipped
-        assert r["state"] == {"engine": 0.0, "clip_norm": CLIP, "detached": CLIP}
-        assert r["own_state"] == {"engine": 0.0, "clip_norm": 100.0, "detached": CLIP}   # a set clip_norm is kept
+        assert r["state"] == {"engine": 0.0, "clip_norm": CLIP, "runner_reports": CLIP, "detached": CLIP}
+        assert r["own_state"] == {"engine": 0.0, "clip_norm": 100.0, "runner_reports": 100.0,   # a set clip_norm
+                                  "detached": CLIP}                                           # is kept
