@@ -109,8 +109,16 @@ def kth_largest(a: Tensor, k: int) -> float:
     if on_numpy(a):
         return float(_np.partition(a.numpy(), c - k)[c - k])
     if k <= c - k + 1:
-        return float(torch.topk(a, k, sorted=False).values.min())
+        return _kth_of_topk(a, k)
     return float(torch.topk(a, c - k + 1, largest=False, sorted=False).values.max())
+
+
+def _kth_of_topk(a: Tensor, k: int) -> float:
+    """The k-th largest from ``torch.topk``: the smallest of its k values that is not NaN (``min()`` would
+    return a NaN among them), NaN only when all k are."""
+    top = torch.topk(a, k, sorted=False).values
+    top = top[~top.isnan()]
+    return float(top.min()) if top.numel() else float("nan")
 
 
 def _nan_safe_topk(a: Tensor, k: int) -> Tensor:
@@ -123,62 +131,63 @@ def _nan_safe_topk(a: Tensor, k: int) -> Tensor:
 
 def _np_select_at(an: Any, thr: float, k: int) -> Any:
     """numpy core of :func:`select_at_threshold`; returns None when NaNs leave fewer than k matches."""
-    ge = an >= thr
+    ge = an < thr                                          # "not below": NaN counts as largest
+    _np.logical_not(ge, out=ge)
     if int(_np.count_nonzero(ge)) == k:
         return _np.flatnonzero(ge)
-    gt = an > thr                                          # ties at the k-th value: canonical fill
+    gt = an <= thr
+    _np.logical_not(gt, out=gt)                            # ties at the k-th value: canonical fill
     need = k - int(_np.count_nonzero(gt))
     gt[_np.flatnonzero(an == thr)[:max(0, need)]] = True
     pos = _np.flatnonzero(gt)
     return pos if pos.size == k else None
 
 
-def _np_topk(an: Any, k: int) -> Any:
+def _np_topk(an: Any, k: int, may_have_zeros: bool = True) -> Any:
     """Sorted positions of the canonical top-k of the numpy magnitudes ``an`` (NaN counts as largest)."""
     c = an.size
     if k >= c:
         return _np.arange(c)
-    nonzero = an != 0                                      # NaN too: it counts as largest
-    short = k - int(_np.count_nonzero(nonzero))
-    if short >= 0:                                         # see topk_among: partitioning this many ties is slow
-        nonzero[_np.flatnonzero(~nonzero)[:short]] = True
-        return _np.flatnonzero(nonzero)
+    if may_have_zeros and int(_np.count_nonzero(an)) <= k:    # see topk_among: partitioning ties at 0 is slow
+        return _np_select_at(an, 0.0, k)
     pos = _np_select_at(an, float(_np.partition(an, c - k)[c - k]), k)
     return pos if pos is not None else _np.sort(_np.argpartition(an, c - k)[c - k:])
 
 
 def select_at_threshold(a: Tensor, thr: float, k: int) -> Tensor:
-    """Sorted positions of ``{a > thr}`` plus the lowest-position ``a == thr`` up to exactly k."""
+    """Sorted positions of ``{a > thr}`` plus the lowest-position ``a == thr`` up to exactly k; NaN counts as
+    above every threshold (as it does for :func:`kth_largest`), so a NaN is never dropped in favour of a tie."""
     if on_numpy(a):
         pos = _np_select_at(a.numpy(), thr, k)
         return torch.from_numpy(pos) if pos is not None else _nan_safe_topk(a, k)
-    ge = a >= thr
+    ge = (a < thr).logical_not_()
     if int(ge.sum()) == k:
         return ge.nonzero().squeeze(1)
-    gt = a > thr
+    gt = (a <= thr).logical_not_()
     need = k - int(gt.sum())
     eq = a == thr
     pos = (gt | (eq & (eq.cumsum(0) <= need))).nonzero().squeeze(1)
     return pos if pos.numel() == k else _nan_safe_topk(a, k)   # a NaN k-th value matches nothing
 
 
-def topk_among(a: Tensor, k: int) -> Tensor:
-    """Sorted positions of the canonical top-k of the magnitudes ``a`` (ties: lowest position first)."""
+def topk_among(a: Tensor, k: int, may_have_zeros: bool = True) -> Tensor:
+    """Sorted positions of the canonical top-k of the magnitudes ``a`` (ties: lowest position first).
+
+    ``may_have_zeros=False`` is for callers whose magnitudes are known to be positive (candidates above a
+    positive threshold): it skips the count of non-zeros, one pass over ``a``.
+    """
     c = a.numel()
     if k <= 0:
         return torch.empty(0, dtype=torch.long, device=a.device)
     if on_numpy(a):
-        return torch.from_numpy(_np_topk(a.numpy(), k))
+        return torch.from_numpy(_np_topk(a.numpy(), k, may_have_zeros))
     if k >= c:
         return torch.arange(c, device=a.device)
-    nonzero = a != 0                                       # NaN too: it counts as largest
-    short = k - int(nonzero.sum())
-    if short >= 0:
+    if may_have_zeros and int(torch.count_nonzero(a)) <= k:
         # At most k magnitudes are non-zero (an embedding's gradient: only the rows of the batch's tokens), so the
-        # selection is every non-zero plus the lowest-position zeros. Selecting the k-th value among that many
-        # ties at 0 is ~40× slower than these passes (6.5M entries, 90% zeros, k = 10%: 800 ms against 20 ms).
-        zero = ~nonzero
-        return (nonzero | (zero & (zero.cumsum(0) <= short))).nonzero().squeeze(1)
+        # selection is every non-zero plus the lowest-position zeros: the threshold is 0. Selecting the k-th value
+        # among that many ties at 0 is ~40× slower (6.5M entries, 90% zeros, k = 10%: 800 ms against 20 ms).
+        return select_at_threshold(a, 0.0, k)
     return select_at_threshold(a, kth_largest(a, k), k)
 
 
@@ -186,7 +195,7 @@ def topk_torch(a: Tensor, k: int) -> Tensor:
     """Canonical top-k whose k-th value comes from ``torch.topk`` (configurable reference algorithm)."""
     if k >= a.numel():
         return torch.arange(a.numel(), device=a.device)
-    return select_at_threshold(a, float(torch.topk(a, k, sorted=False).values.min()), k)
+    return select_at_threshold(a, _kth_of_topk(a, k), k)
 
 
 def topk_kthvalue(a: Tensor, k: int) -> Tensor:
@@ -262,11 +271,11 @@ def exact_topk(x: Tensor, k: int, gen: Optional[torch.Generator]) -> tuple[Tenso
         cand, vals = candidates_with_values(x, thr, strict=thr == 0.0)
         if cand.numel() >= k:
             break
-        if r > s or thr == 0.0:       # fewer than k non-zeros: the whole tensor (topk_among fills with zeros)
-            idx = topk_among(x.abs(), k)
+        if r > s or thr == 0.0:       # fewer than k non-zeros: all of them, filled with the lowest zeros
+            idx = select_at_threshold(x.abs(), 0.0, k)
             return idx, gather(x, idx)
         r = 2 * r + 16
-    pos = topk_among(vals.abs(), k)
+    pos = topk_among(vals.abs(), k, may_have_zeros=False)   # candidates: |v| >= thr > 0, or > 0 (strict)
     return gather(cand, pos), gather(vals, pos)
 
 

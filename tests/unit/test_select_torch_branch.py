@@ -216,3 +216,29 @@ def test_nan_among_mostly_zeros_is_selected(monkeypatch: pytest.MonkeyPatch) -> 
     a[5], a[7] = float("nan"), 1.0
     got_np, got_t = both(sel.topk_among, a, 3, monkeypatch=monkeypatch)
     assert got_np.tolist() == got_t.tolist() == [0, 5, 7]
+
+
+def stable_reference(a: torch.Tensor, k: int) -> list[int]:
+    """Canonical top-k in float64 by a stable sort, NaN first (it counts as largest), ties lowest position first."""
+    key = a.double().nan_to_num(nan=float("inf"), posinf=float("inf"))
+    return sorted(torch.sort(key, descending=True, stable=True).indices[:k].tolist())
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+def test_nan_with_ties_at_the_kth_value(k: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A NaN above ties at the k-th value: the NaN is selected and the ties fill the rest, lowest position first.
+    Before the fix, ``>= thr`` counted exactly k matches (the ties) and returned them without the NaN."""
+    a = torch.tensor([0.5, float("nan"), 1.0, 1.0, 0.1, 1.0])
+    for fn in (sel.topk_among, sel.topk_torch, sel.topk_kthvalue):
+        got_np, got_t = both(fn, a, k, monkeypatch=monkeypatch)
+        assert got_np.tolist() == got_t.tolist() == stable_reference(a, k), (fn.__name__, k)
+
+
+def test_topk_among_without_zero_check_keeps_the_selection(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Callers that pass strictly positive candidates skip the zero count; the selection is the same."""
+    gen = torch.Generator().manual_seed(3)
+    a = torch.rand(50_000, generator=gen) + 1e-3
+    a[::7] = a[3]                                          # ties
+    for k in (1, 100, 7_000):
+        got_np, got_t = both(lambda t, kk: sel.topk_among(t, kk, may_have_zeros=False), a, k, monkeypatch=monkeypatch)
+        assert got_np.tolist() == got_t.tolist() == stable_reference(a, k)
