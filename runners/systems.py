@@ -132,8 +132,9 @@ class EngineSystem(System):
     def gradient_clipping(self) -> float:
         """The threshold in effect: the engine's, or DGC's, which takes the clipping over at attach (the engine then
         reports 0)."""
-        params = getattr(getattr(self.handle, "compressor", None), "params", None)
-        return float(self.engine.gradient_clipping()) or float(getattr(params, "clip_norm", 0.0) or 0.0)
+        if self.handle is not None:
+            return self.handle.gradient_clipping()
+        return float(self.engine.gradient_clipping() or 0.0)
 
     def pop_records(self) -> list[dict[str, Any]]:
         return self.handle.pop_stats() if self.handle is not None else []

@@ -123,7 +123,8 @@ def save_checkpoint(handle: Any, save_dir: str, tag: Optional[str], client_state
     state = handle.state_dict()
     client = dict(client_state or {})
     client[CLIENT_KEY] = state["replicated"]
-    result = handle.engine.save_checkpoint(save_dir, tag=tag, client_state=client, **ds_kwargs)
+    with handle.engine_settings():        # DGC: the engine's momentum and clipping, not the zeros while attached
+        result = handle.engine.save_checkpoint(save_dir, tag=tag, client_state=client, **ds_kwargs)
     if handle.config.checkpoint.per_rank_files and handle.sync is not None:
         tag = tag if tag is not None else f"global_step{handle.engine.global_steps}"
         write_rank_file(os.path.join(save_dir, str(tag)), state)
@@ -156,7 +157,8 @@ def load_checkpoint(handle: Any, load_dir: str, tag: Optional[str], **ds_kwargs:
 
     A passive handle (world size 1) restores nothing, but still applies ``on_world_size_change`` to a
     checkpoint that holds ds_gravac state of a larger run, so that state is never dropped silently."""
-    load_path, client_state = handle.engine.load_checkpoint(load_dir, tag=tag, **ds_kwargs)
+    with handle.engine_settings():        # DGC: takes momentum and clipping over again from what was loaded
+        load_path, client_state = handle.engine.load_checkpoint(load_dir, tag=tag, **ds_kwargs)
     if load_path is None:
         return load_path, client_state
     rank = handle.sync.rank if handle.sync is not None else 0

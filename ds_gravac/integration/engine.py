@@ -2,8 +2,9 @@
 the engine is changed."""
 from __future__ import annotations
 
+import contextlib
 import logging
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Iterator, Mapping, Optional, Union
 
 import torch
 from pydantic import ValidationError
@@ -130,7 +131,7 @@ class GravacHandle:
             self.sync.loss_scale, self.sync.after_write = self.zero.loss_scale, self.zero.fill_partitions
         compressible = tuple(m.name for m in self.sync.members if m.compressible)
         if comp.owns_optimizer:
-            self._move_optimizer_into_compressor(compressible)
+            self._move_optimizer_into_compressor()
         self.controller.bind(ControllerContext(
             world_size=world, samples_per_step=int(eng.train_micro_batch_size_per_gpu()
                                                    * eng.gradient_accumulation_steps()),
@@ -156,7 +157,7 @@ class GravacHandle:
             return f"ds_gravac: telemetry.jsonl: cannot create '{target}': {exc.strerror or exc}"
         return None
 
-    def _move_optimizer_into_compressor(self, compressible: tuple[str, ...]) -> None:
+    def _move_optimizer_into_compressor(self, log: bool = True) -> None:
         """DGC applies momentum and weight decay itself: every tensor compressed, the optimizer runs plain SGD."""
         dense = [m.name for m in self.sync.members if not m.compressible]
         if dense:
@@ -171,11 +172,36 @@ class GravacHandle:
                 if key in group:
                     self._moved_hyperparams.append((group, key, group[key]))
                     group[key] = 0.0
-        logger.info("ds_gravac: optimizer %s set to 0; '%s' applies %s", " and ".join(moved),
-                    self.config.compressor.type, "them" if len(moved) > 1 else "it")
-        self._move_clipping_into_compressor()
+        if log:
+            logger.info("ds_gravac: optimizer %s set to 0; '%s' applies %s", " and ".join(moved),
+                        self.config.compressor.type, "them" if len(moved) > 1 else "it")
+        self._move_clipping_into_compressor(log)
 
-    def _move_clipping_into_compressor(self) -> None:
+    def _give_back_engine_settings(self) -> None:
+        """DGC: momentum and weight decay back to the optimizer, the clipping back to the engine."""
+        for group, key, value in self._moved_hyperparams:
+            group[key] = value
+        for obj, attr, value in self._moved_clipping:
+            setattr(obj, attr, value)
+        self._moved_hyperparams, self._moved_clipping = [], []
+
+    @contextlib.contextmanager
+    def engine_settings(self) -> Iterator[None]:
+        """The engine's own momentum, weight decay and clipping for the duration of a checkpoint save or load.
+
+        A checkpoint then records them, not the zeros they are while DGC applies them (a plain DeepSpeed run
+        resuming it trains with momentum), and after a load they are taken over again from the loaded param
+        groups, which ``load_state_dict`` has replaced (so a plain run's momentum is not applied twice)."""
+        owns = self.active and self.compressor is not None and self.compressor.owns_optimizer
+        if owns:
+            self._give_back_engine_settings()
+        try:
+            yield
+        finally:
+            if owns:
+                self._move_optimizer_into_compressor(log=False)
+
+    def _move_clipping_into_compressor(self, log: bool = True) -> None:
         """DeepSpeed clips the averaged update, which under DGC is the momentum velocity — up to 1/(1−m) times a
         gradient — so its clipping would shrink DGC's steps where dense momentum SGD clips nothing (LSTM at
         ``gradient_clipping`` 0.25: perplexity 1,020 against dense's 145). DGC clips each rank's gradient before
@@ -197,9 +223,10 @@ class GravacHandle:
         for obj, attr in targets:
             self._moved_clipping.append((obj, attr, getattr(obj, attr)))
             setattr(obj, attr, 0.0)
-        logger.info("ds_gravac: gradient_clipping %g moved into '%s' (each rank's gradient clipped per tensor to "
-                    "%g/sqrt(N) before its momentum)", clip, self.config.compressor.type,
-                    self.compressor.params.clip_norm)
+        if log:
+            logger.info("ds_gravac: gradient_clipping %g moved into '%s' (each rank's gradient clipped per tensor "
+                        "to %g/sqrt(N) before its momentum)", clip, self.config.compressor.type,
+                        self.compressor.params.clip_norm)
 
     def _on_record(self, rec: dict[str, Any]) -> None:
         if self._sink is not None and self.config.log_interval and rec["step"] % self.config.log_interval == 0:
@@ -216,11 +243,7 @@ class GravacHandle:
             if self.zero is not None:
                 self.zero.close()
                 self.zero = None
-            for group, key, value in self._moved_hyperparams:   # DGC: give momentum/wd back to the optimizer
-                group[key] = value
-            for obj, attr, value in self._moved_clipping:       # ... and the clipping back to the engine
-                setattr(obj, attr, value)
-            self._moved_hyperparams, self._moved_clipping = [], []
+            self._give_back_engine_settings()
         if self._sink is not None:
             self._sink.close()
         self.active = False
@@ -231,6 +254,13 @@ class GravacHandle:
     def rank(self) -> int:
         """This process's rank (0 when ds_gravac is passive)."""
         return self.sync.rank if self.sync is not None else 0
+
+    def gradient_clipping(self) -> float:
+        """The clipping threshold in effect: the compressor's when it took the engine's clipping over at attach
+        (the engine then reports 0), else the engine's."""
+        if self._moved_clipping:
+            return float(self.compressor.params.clip_norm)
+        return float(self.engine.gradient_clipping() or 0.0)
 
     def drain(self) -> None:
         """Wait for the last step's pending statistics exchange (before exit, checkpoints, or reading stats)."""
