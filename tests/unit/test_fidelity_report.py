@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ds_gravac_bench.fidelity import build, markdown
+from ds_gravac_bench.fidelity import build
+from ds_gravac_bench.fidelity_output import markdown
 from ds_gravac_bench.report import smooth
 from ds_gravac_bench.systems import config_system, resolve_system, system_matrix
 
