@@ -84,8 +84,8 @@ def test_config_trains_on_two_ranks(built: list, name: str) -> None:
 
 def test_compressing_configs_send_fewer_values(built: list) -> None:
     """Every compressing config sends fewer values by its last step — or, for GraVAC, stays dense only because the
-    gain it measured on the compressed candidate is below its ε (lstm_gravac_exp_dgc on this toy model: DGC's
-    per-tensor clipping evens the tensors, and Top-k 10% keeps ~68% of the velocity's energy, under ε 0.7)."""
+    gain it measured on the compressed candidate is below its ε (DGC at ε 0.7 on this toy model: DGC's per-tensor
+    clipping evens the tensors, and Top-k 10% keeps ~68% of the velocity's energy, under ε 0.7)."""
     for name, res in built[0].items():
         sent = [r["values_sent"] for r in res["records"]]
         if "dense" in name or "accordion" in name:
