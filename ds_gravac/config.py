@@ -100,6 +100,9 @@ class GravacConfig(StrictModel):
     cf: float = Field(100.0, ge=1)
     warmup_steps: int = Field(0, ge=0)
     error_feedback: bool = True
+    # clip each rank's gradient per tensor at gradient_clipping/√N before compression, instead of DeepSpeed clipping
+    # the averaged update (what DGC always does; compress/local_clipping.py)
+    local_clipping: bool = False
     seed: int = Field(0, ge=0, le=2**31 - 1)
     log_interval: int = Field(1, ge=0)
     # GraVAC controller

@@ -106,8 +106,10 @@ class SimulatedRanks:
                 self.memory[r][j] = x - kept
                 total += kept
             if self.mode == "ef21" and p.numel() >= self.min_numel:
-                total = self.estimate[j].add_(total, alpha=1.0 / self.ranks) * self.ranks
-            g = total / self.ranks + self.wd * p
+                mean = self.estimate[j].add_(total, alpha=1.0 / self.ranks)     # the shared estimate is the mean
+            else:
+                mean = total / self.ranks
+            g = mean + self.wd * p
             self.buf[j].mul_(self.m).add_(g)
             p.sub_(self.buf[j], alpha=self.lr)
 

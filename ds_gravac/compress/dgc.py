@@ -16,6 +16,7 @@ from ..errors import GravacConfigError
 from . import sparse_select as sel
 from . import sparse_thresholds as thresholds
 from .base import CompressCtx, Payload, TensorPlan
+from .local_clipping import clip_factor, local_limit
 from .optimizers import find_optimizer, optimizer_chain
 from .sparse import SparseCompressor, SparseParams, trim
 
@@ -90,10 +91,9 @@ class DGC(SparseCompressor):
         if p.clip_norm > 0:
             g = g if wd == 0 else g.add(ctx.param.detach().reshape(-1).to(g.dtype), alpha=wd)
             wd = 0.0
-            norm = float(g.norm())
-            limit = p.clip_norm / math.sqrt(max(1, ctx.world_size))
-            if norm > limit:
-                g = g * (limit / norm)
+            factor = clip_factor(float(g.norm()), local_limit(p.clip_norm, ctx.world_size))
+            if factor != 1.0:
+                g = g * factor
         return g, wd
 
     def _new_momentum(self, g: Tensor, ctx: CompressCtx, out: Tensor) -> None:

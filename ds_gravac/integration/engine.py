@@ -18,6 +18,7 @@ from ..config import GravacConfig, parse_config, unavailable_settings
 from ..errors import GravacConfigError, GravacUnsupportedError
 from ..sync.buckets import classify
 from ..sync.collectives import Channels
+from ..compress.local_clipping import local_limit
 from ..sync.reduce_rule import ReduceRule
 from ..sync.synchronizer import Synchronizer
 from ..telemetry.sinks import JsonlSink
@@ -130,8 +131,7 @@ class GravacHandle:
             self.zero = ZeroBridge(eng)
             self.sync.loss_scale, self.sync.after_write = self.zero.loss_scale, self.zero.fill_partitions
         compressible = tuple(m.name for m in self.sync.members if m.compressible)
-        if comp.owns_optimizer:
-            self._move_optimizer_into_compressor()
+        self._take_engine_settings()
         self.controller.bind(ControllerContext(
             world_size=world, samples_per_step=int(eng.train_micro_batch_size_per_gpu()
                                                    * eng.gradient_accumulation_steps()),
@@ -192,14 +192,45 @@ class GravacHandle:
         A checkpoint then records them, not the zeros they are while DGC applies them (a plain DeepSpeed run
         resuming it trains with momentum), and after a load they are taken over again from the loaded param
         groups, which ``load_state_dict`` has replaced (so a plain run's momentum is not applied twice)."""
-        owns = self.active and self.compressor is not None and self.compressor.owns_optimizer
-        if owns:
+        taken = self.active and bool(self._moved_hyperparams or self._moved_clipping)
+        if taken:
             self._give_back_engine_settings()
         try:
             yield
         finally:
-            if owns:
-                self._move_optimizer_into_compressor(log=False)
+            if taken:
+                self._take_engine_settings(log=False)
+
+    def _take_engine_settings(self, log: bool = True) -> None:
+        """Move what ds_gravac applies itself out of the optimizer and engine: DGC's momentum, weight decay and
+        clipping, or, with ``local_clipping``, the clipping."""
+        if self.compressor.owns_optimizer:
+            self._move_optimizer_into_compressor(log)
+        elif self.config.local_clipping:
+            self._move_clipping_local(log)
+
+    def _move_clipping_local(self, log: bool = True) -> None:
+        """``local_clipping``: each rank clips its gradient per tensor at ``gradient_clipping/√N`` before
+        compression (compress/local_clipping.py); the engine's clipping is off while attached."""
+        clip = float(self.engine.gradient_clipping() or 0.0)
+        if clip <= 0.0:
+            if log:
+                logger.warning("ds_gravac: local_clipping is on but gradient_clipping is 0: nothing is clipped")
+            return
+        self.sync.local_clip = local_limit(clip, self.sync.world_size)
+        self._switch_off_engine_clipping()
+        if log:
+            logger.info("ds_gravac: gradient_clipping %g applied locally (each rank's gradient clipped per tensor to "
+                        "%g before compression)", clip, self.sync.local_clip)
+
+    def _switch_off_engine_clipping(self) -> None:
+        """Clipping 0 in the engine and in its fp16/bf16/ZeRO optimizer wrappers (which clip too) while attached."""
+        targets = [(self.engine._config, "gradient_clipping")]
+        targets += [(opt, "clip_grad") for opt in optimizer_chain(self.engine)
+                    if float(getattr(opt, "clip_grad", 0.0) or 0.0) > 0.0]
+        for obj, attr in targets:
+            self._moved_clipping.append((obj, attr, getattr(obj, attr)))
+            setattr(obj, attr, 0.0)
 
     def _move_clipping_into_compressor(self, log: bool = True) -> None:
         """DeepSpeed clips the averaged update, which under DGC is the momentum velocity — up to 1/(1−m) times a
@@ -217,12 +248,7 @@ class GravacHandle:
                                     f"set gradient_clipping to 0")
         if params.clip_norm == 0.0:
             self.compressor.params = params.model_copy(update={"clip_norm": clip})
-        targets = [(self.engine._config, "gradient_clipping")]
-        targets += [(opt, "clip_grad") for opt in optimizer_chain(self.engine)
-                    if float(getattr(opt, "clip_grad", 0.0) or 0.0) > 0.0]     # fp16/bf16/ZeRO wrappers clip too
-        for obj, attr in targets:
-            self._moved_clipping.append((obj, attr, getattr(obj, attr)))
-            setattr(obj, attr, 0.0)
+        self._switch_off_engine_clipping()
         if log:
             logger.info("ds_gravac: gradient_clipping %g moved into '%s' (each rank's gradient clipped per tensor "
                         "to %g/sqrt(N) before its momentum)", clip, self.config.compressor.type,
@@ -258,8 +284,10 @@ class GravacHandle:
     def gradient_clipping(self) -> float:
         """The clipping threshold in effect: the compressor's when it took the engine's clipping over at attach
         (the engine then reports 0), else the engine's."""
-        if self._moved_clipping:
+        if self._moved_clipping and self.compressor.owns_optimizer:
             return float(self.compressor.params.clip_norm)
+        if self._moved_clipping:
+            return float(self._moved_clipping[0][2])          # local_clipping: the engine's, applied per tensor
         return float(self.engine.gradient_clipping() or 0.0)
 
     def drain(self) -> None:

@@ -27,6 +27,7 @@ import torch
 
 from ..compress.base import CompressCtx, Compressor, Payload
 from .buckets import Bucket, Member
+from ..compress.local_clipping import clip_factor, grad_norm
 
 logger = logging.getLogger("ds_gravac")
 RESIDUAL = "residual"
@@ -78,11 +79,14 @@ class BucketMemory:
         return g if self.inv_scale == 1.0 else g * self.inv_scale
 
     def stage(self, compressor: Compressor, ctxs: Sequence[CompressCtx], error_feedback: bool,
-              squares: Optional[list[torch.Tensor]] = None, inv_scale: float = 1.0) -> list[torch.Tensor]:
+              squares: Optional[list[torch.Tensor]] = None, inv_scale: float = 1.0,
+              clip: float = 0.0) -> list[torch.Tensor]:
         """Write every member's input ``x`` into the scratch; returns the per-member flat views of ``x``. With
         ``squares``, each member's ``‖x‖²`` is appended right after it was written, while ``x`` is still in cache
         (a separate pass over the bucket afterwards reads it from memory again). ``inv_scale`` (1/the fp16 loss
-        scale) unscales the gradient on the way in, so residuals never depend on a scale that changes."""
+        scale) unscales the gradient on the way in, so residuals never depend on a scale that changes. ``clip``
+        > 0 (local clipping) clips each unscaled gradient to that norm before it meets the residual; compressors
+        that own their state (DGC) clip inside ``compensate`` instead."""
         self.inv_scale = inv_scale
         xs = self.views(self.scratch)
         for i, m in enumerate(self.members):
@@ -92,11 +96,13 @@ class BucketMemory:
                 compressor.compensate(self.grad(m), x, ctxs[i])
             elif error_feedback and RESIDUAL in self.slots:
                 r = self.views(self.slots[RESIDUAL])[i]
-                torch.add(r.view(g.shape), g.detach(), alpha=inv_scale, out=x.view(g.shape))   # any layout, one pass
+                torch.add(r.view(g.shape), g.detach(), alpha=_alpha(g, inv_scale, clip),   # any layout, one pass
+                          out=x.view(g.shape))
             else:
                 x.view(g.shape).copy_(g.detach())
-                if inv_scale != 1.0:
-                    x.mul_(inv_scale)
+                alpha = _alpha(g, inv_scale, clip)
+                if alpha != 1.0:
+                    x.mul_(alpha)
             if squares is not None:
                 squares.append(torch.dot(x, x))
         return xs
@@ -226,3 +232,8 @@ def write_grads(members: list[Member], flat: torch.Tensor, alias: bool) -> None:
             m.param.grad = seg
         else:
             m.param.grad.copy_(seg)
+
+
+def _alpha(g: torch.Tensor, inv_scale: float, clip: float) -> float:
+    """The factor a gradient enters x with: unscaled, and clipped to ``clip`` when local clipping is on."""
+    return inv_scale * clip_factor(grad_norm(g, inv_scale), clip) if clip > 0.0 else inv_scale

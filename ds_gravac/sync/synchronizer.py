@@ -35,6 +35,7 @@ from .codec import BucketCodec, SendLayout
 from .collectives import Channels, broadcast, check_agreement
 from .exchange import DenseAllReduce, Exchange, payload_exchange
 from .hooks import HookManager
+from ..compress.local_clipping import clip_in_place
 from .host_memory import release_freed_host_memory
 from .memory import ErrorFeedbackMemory, write_grads
 from .nonfinite import nonfinite_step
@@ -92,6 +93,7 @@ class Synchronizer:
         self.last_launch_times: dict[int, float] = {}
         self.selection_check = SharedSelectionCheck(compressor, channels.control)
         self.loss_scale: Callable[[], float] = lambda: 1.0   # ZeRO-1/2 fp16: the optimizer's current scale
+        self.local_clip = 0.0              # > 0: each gradient clipped per tensor to this norm (local_clipping.py)
         self.after_write: Optional[Callable[[], None]] = None  # ZeRO-1/2: hand the averaged p.grad to partitions
         self.hooks = HookManager(engine, [m.param for m in self.members], self._begin, self._ready, self._finish)
 
@@ -179,6 +181,8 @@ class Synchronizer:
     def _launch_dense_classified(self, b: int) -> None:
         run, bucket = self.running, self.plan.buckets[b]
         st, probes = run.stats, run.plan.probes
+        if self.local_clip > 0.0:
+            clip_in_place([m.param.grad for m in bucket.members], 1.0 / run.loss_scale, self.local_clip)
         ex = DenseAllReduce(self.rule, self.world_size, f"bucket {b} (dense)",
                             tensors=[m.param.grad for m in bucket.members])
         if probes or self.check_finite:
@@ -201,7 +205,8 @@ class Synchronizer:
             ctx.step = plan.step
         self.update_space.begin(ctxs)
         norms: list[torch.Tensor] = []
-        xs = mem.stage(self.comp, ctxs, self.config.error_feedback, squares=norms, inv_scale=1.0 / run.loss_scale)
+        xs = mem.stage(self.comp, ctxs, self.config.error_feedback, squares=norms, inv_scale=1.0 / run.loss_scale,
+                       clip=self.local_clip)
         for ctx, x in zip(ctxs, xs):
             ctx.residual = x
         squares = torch.stack(norms).double()
