@@ -215,7 +215,8 @@ class Synchronizer:
             self._mark_nonfinite([m for m, sq in zip(codec.bucket.members, squares.tolist()) if not math.isfinite(sq)])
         st.den += den
         if self.config.gain_denominator == "raw":
-            st.den_raw += sum(float(torch.dot(g, g)) for g in (mem.grad(m) for m in codec.bucket.members))
+            cap = self.local_clip ** 2 if self.local_clip > 0.0 else math.inf    # the gradient as clipped
+            st.den_raw += sum(min(float(torch.dot(g, g)), cap) for g in (mem.grad(m) for m in codec.bucket.members))
         if self.aggregate is not None:
             self.aggregate.stage(b, mem.scratch)
         st.stage_s += time.perf_counter() - t0
