@@ -12,13 +12,13 @@ from pydantic import ValidationError
 from ..adapt import Controller, ControllerContext, build_controller
 from ..adapt.levels import DEFAULT_LEVELS, check_mode
 from ..compress.base import Compressor, Kind
+from ..compress.local_clipping import local_limit
 from ..compress.optimizers import optimizer_chain
 from ..compress.registry import lookup
 from ..config import GravacConfig, parse_config, unavailable_settings
 from ..errors import GravacConfigError, GravacUnsupportedError
 from ..sync.buckets import classify
 from ..sync.collectives import Channels
-from ..compress.local_clipping import local_limit
 from ..sync.reduce_rule import ReduceRule
 from ..sync.synchronizer import Synchronizer
 from ..telemetry.sinks import JsonlSink
