@@ -309,26 +309,8 @@ class Synchronizer:
         self.running = None
 
     def _issue_later_rounds(self, block: bool) -> None:
-        """Rounds after the first, strictly in plan order per round: round r runs on its own channel, so every
-        rank issues the same sequence there whatever the timing. During backward (``block`` false) a bucket
-        advances only once its previous round has completed and every earlier bucket has advanced; at the end
-        of backward the rest follow, waiting where needed."""
-        run = self.running
-        for r in range(1, self.planner.max_rounds):
-            b = run.next_round_b.get(r, 0)
-            while b < len(self.plan.buckets):
-                ex = run.exchanges.get(b)
-                if ex is None:
-                    break                       # not launched yet
-                if ex.rounds > r:
-                    if ex.works[r - 1] is None or (not block and not ex.completed(r - 1)):
-                        break                   # its previous round is not issued, or not done yet
-                    run.round_wait_s += ex.wait(r - 1)
-                    t0 = time.perf_counter()
-                    ex.advance(r, self.channels.data_channels)    # encodes the next round: codec time
-                    run.stats.compress_s += time.perf_counter() - t0
-                b += 1
-            run.next_round_b[r] = b
+        self.running.issue_later_rounds(self.planner.max_rounds, len(self.plan.buckets),
+                                        self.channels.data_channels, block)
 
     def _complete(self, agreed: AgreedStats) -> dict[str, float]:
         """Wait for every bucket; commit and write back (finite step) or fall back to DeepSpeed's average."""
