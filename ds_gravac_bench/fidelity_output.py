@@ -2,9 +2,10 @@
 per rate), from the result that :func:`ds_gravac_bench.fidelity.build` computes."""
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 
 def _fmt(x: Any, spec: str = ".3f") -> str:
@@ -65,7 +66,7 @@ def plots(res: dict[str, Any], outdir: Path, curves: dict[str, dict[str, Any]],
                 continue
             run = cluster_curves[rate].get(r["id"]) or cluster_curves[rate].get(r["section_hash"])
             if t["source"] == "cluster run" and run:
-                wall, ys = _cumsum(run["times"]), run["smoothed"]
+                wall, ys = list(itertools.accumulate(run["times"])), run["smoothed"]
             else:
                 wall, ys = [t["step_s"] * (i + 1) for i in range(r["steps"])], curves[r["id"]]["smoothed"]
             ax.plot(wall, ys, label=r["id"], color="k" if r["family"] == "dense" else None)
@@ -73,11 +74,3 @@ def plots(res: dict[str, Any], outdir: Path, curves: dict[str, dict[str, Any]],
         ax.set_xscale("log"), ax.set_xlabel(f"wall time at {rate} (s)"), ax.set_ylabel("smoothed loss")
         ax.legend(fontsize=6), fig.tight_layout(), fig.savefig(outdir / f"loss_vs_time_{rate}.png", dpi=110)
         plt.close(fig)
-
-
-def _cumsum(xs: Sequence[float]) -> list[float]:
-    out, acc = [], 0.0
-    for x in xs:
-        acc += x
-        out.append(acc)
-    return out
