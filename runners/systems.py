@@ -146,13 +146,11 @@ class EngineSystem(System):
         return self._dense
 
     def save(self, save_dir: str, tag: str, client_state: dict[str, Any]) -> None:
-        # plain engine.save_checkpoint would lose ds_gravac's per-rank residuals
-        target = self.handle if self.handle is not None else self.engine
-        target.save_checkpoint(save_dir, tag=tag, client_state=client_state)
+        # an attached engine's save_checkpoint is the handle's: per-rank residuals and controller state included
+        self.engine.save_checkpoint(save_dir, tag=tag, client_state=client_state)
 
     def load(self, load_dir: str) -> tuple[Optional[str], dict[str, Any]]:
-        target = self.handle if self.handle is not None else self.engine
-        load_path, client_state = target.load_checkpoint(load_dir)
+        load_path, client_state = self.engine.load_checkpoint(load_dir)
         return load_path, dict(client_state or {})
 
     def set_train(self, mode: bool) -> None:

@@ -118,13 +118,13 @@ def load_handle_state(handle: Any, state: Mapping[str, Any]) -> None:
 
 
 def save_checkpoint(handle: Any, save_dir: str, tag: Optional[str], client_state: Optional[dict],
-                    **ds_kwargs: Any) -> Any:
+                    *ds_args: Any, **ds_kwargs: Any) -> Any:
     """DeepSpeed checkpoint with our replicated state, then per-rank files (tmp + os.replace), then barrier."""
     state = handle.state_dict()
     client = dict(client_state or {})
     client[CLIENT_KEY] = state["replicated"]
     with handle.engine_settings():        # DGC: the engine's momentum and clipping, not the zeros while attached
-        result = handle.engine.save_checkpoint(save_dir, tag=tag, client_state=client, **ds_kwargs)
+        result = deepspeed_method(handle, "save_checkpoint")(save_dir, tag, client, *ds_args, **ds_kwargs)
     if handle.config.checkpoint.per_rank_files and handle.sync is not None:
         tag = tag if tag is not None else f"global_step{handle.engine.global_steps}"
         write_rank_file(os.path.join(save_dir, str(tag)), state)
@@ -152,13 +152,13 @@ def read_rank_file(directory: str, rank: int) -> Optional[dict[str, Any]]:
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
-def load_checkpoint(handle: Any, load_dir: str, tag: Optional[str], **ds_kwargs: Any) -> Any:
+def load_checkpoint(handle: Any, load_dir: str, tag: Optional[str], *ds_args: Any, **ds_kwargs: Any) -> Any:
     """DeepSpeed load, then our replicated state (client_state, else the per-rank copy), then per-rank state.
 
     A passive handle (world size 1) restores nothing, but still applies ``on_world_size_change`` to a
     checkpoint that holds ds_gravac state of a larger run, so that state is never dropped silently."""
     with handle.engine_settings():        # DGC: takes momentum and clipping over again from what was loaded
-        load_path, client_state = handle.engine.load_checkpoint(load_dir, tag=tag, **ds_kwargs)
+        load_path, client_state = deepspeed_method(handle, "load_checkpoint")(load_dir, tag, *ds_args, **ds_kwargs)
     if load_path is None:
         return load_path, client_state
     rank = handle.sync.rank if handle.sync is not None else 0
@@ -180,3 +180,44 @@ def load_checkpoint(handle: Any, load_dir: str, tag: Optional[str], **ds_kwargs:
                        os.path.dirname(load_path))
     handle.load_state_dict({"replicated": replicated or {}, "local": per_rank or {}})
     return load_path, client_state
+
+
+# ---- unmodified scripts: engine.save_checkpoint / load_checkpoint go through the handle ----------------------
+ROUTED = ("save_checkpoint", "load_checkpoint")
+
+
+def route_engine_checkpoints(handle: Any) -> None:
+    """While attached, ``engine.save_checkpoint`` / ``load_checkpoint`` are the handle's, so a DeepSpeed script
+    that knows nothing of ds_gravac (or the Hugging Face Trainer, which calls the engine's) saves and restores the
+    residuals and controller state, and records the engine's own momentum and clipping rather than the zeros DGC
+    leaves in the optimizer. DeepSpeed's methods are kept and called underneath; :func:`unroute_engine_checkpoints`
+    puts them back."""
+    engine = handle.engine
+    handle.deepspeed_checkpoint_methods = {name: getattr(engine, name) for name in ROUTED}
+    handle.engine_own_checkpoint_methods = {name: engine.__dict__[name] for name in ROUTED if name in engine.__dict__}
+
+    def save(save_dir: str, tag: Optional[str] = None, client_state: Optional[dict] = None, *args: Any,
+             **kwargs: Any) -> Any:
+        return save_checkpoint(handle, save_dir, tag, client_state, *args, **kwargs)
+
+    def load(load_dir: str, tag: Optional[str] = None, *args: Any, **kwargs: Any) -> Any:
+        return load_checkpoint(handle, load_dir, tag, *args, **kwargs)
+
+    engine.save_checkpoint, engine.load_checkpoint = save, load
+
+
+def unroute_engine_checkpoints(handle: Any) -> None:
+    """DeepSpeed's own methods back on the engine (at detach)."""
+    engine, own = handle.engine, getattr(handle, "engine_own_checkpoint_methods", {})
+    for name in getattr(handle, "deepspeed_checkpoint_methods", None) or {}:
+        if name in own:
+            setattr(engine, name, own[name])            # an instance attribute set before attach, as it was
+        else:
+            engine.__dict__.pop(name, None)             # the class's method shows through again
+    handle.deepspeed_checkpoint_methods, handle.engine_own_checkpoint_methods = {}, {}
+
+
+def deepspeed_method(handle: Any, name: str) -> Any:
+    """DeepSpeed's ``save_checkpoint`` / ``load_checkpoint`` of the handle's engine, never the routed one."""
+    originals = getattr(handle, "deepspeed_checkpoint_methods", None) or {}
+    return originals.get(name) or getattr(handle.engine, name)

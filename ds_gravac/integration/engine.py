@@ -23,6 +23,7 @@ from ..sync.reduce_rule import ReduceRule
 from ..sync.synchronizer import Synchronizer
 from ..telemetry.sinks import JsonlSink
 from .agreement import agree_config, agree_ok, agree_parameters
+from .checkpoint import route_engine_checkpoints, unroute_engine_checkpoints
 from .shm_buffer import release_shm_buffer
 from .validation import validate_engine
 from .zero import ZeroBridge, zero_stage
@@ -106,6 +107,8 @@ class GravacHandle:
         self._moved_hyperparams: list[tuple[dict, str, Any]] = []
         self._moved_clipping: list[tuple[Any, str, float]] = []     # (object, attribute, the engine's value)
         self.zero: Optional[ZeroBridge] = None
+        self.deepspeed_checkpoint_methods: dict[str, Any] = {}     # the engine's own, while they are routed here
+        self.engine_own_checkpoint_methods: dict[str, Any] = {}
 
     # ---- lifecycle --------------------------------------------------------------------------------------
     def _activate(self, bucket_order: Optional[list[int]] = None) -> None:
@@ -140,6 +143,7 @@ class GravacHandle:
             default_level=static_default_level(cfg, comp)))
         eng.enable_backward_allreduce = False
         self.active = True
+        route_engine_checkpoints(self)
         logger.info("ds_gravac: attached (mode=%s, compressor=%s, %d buckets provisional, %d/%d tensors "
                     "compressible)", cfg.mode, cfg.compressor.type, self.sync.plan.num_buckets,
                     len(compressible), len(self.sync.members))
@@ -270,6 +274,7 @@ class GravacHandle:
                 self.zero.close()
                 self.zero = None
             self._give_back_engine_settings()
+            unroute_engine_checkpoints(self)
         if self._sink is not None:
             self._sink.close()
         self.active = False
@@ -315,13 +320,15 @@ class GravacHandle:
         load_handle_state(self, state)
 
     def save_checkpoint(self, save_dir: str, tag: Optional[str] = None, client_state: Optional[dict] = None,
-                        **ds_kwargs: Any) -> Any:
+                        *ds_args: Any, **ds_kwargs: Any) -> Any:
+        """What ``engine.save_checkpoint`` does while attached (it is routed here)."""
         from .checkpoint import save_checkpoint
-        return save_checkpoint(self, save_dir, tag, client_state, **ds_kwargs)
+        return save_checkpoint(self, save_dir, tag, client_state, *ds_args, **ds_kwargs)
 
-    def load_checkpoint(self, load_dir: str, tag: Optional[str] = None, **ds_kwargs: Any) -> Any:
+    def load_checkpoint(self, load_dir: str, tag: Optional[str] = None, *ds_args: Any, **ds_kwargs: Any) -> Any:
+        """What ``engine.load_checkpoint`` does while attached (it is routed here)."""
         from .checkpoint import load_checkpoint
-        return load_checkpoint(self, load_dir, tag, **ds_kwargs)
+        return load_checkpoint(self, load_dir, tag, *ds_args, **ds_kwargs)
 
 
 def _check_compressible(cfg: GravacConfig, comp: Compressor, engine: Any) -> None:

@@ -1,7 +1,9 @@
 """Hugging Face Trainer integration: one callback, no Trainer subclassing.
 
 Callbacks receive the unwrapped module, not the engine, so the callback is built with the trainer and attaches to
-``trainer.model_wrapped`` in ``on_train_begin`` — after the engine exists and after any checkpoint load.
+``trainer.model_wrapped`` in ``on_train_begin`` — after the engine exists and after any checkpoint load, so it
+restores the per-rank state of a resumed checkpoint itself. Saving needs nothing here: the Trainer calls
+``engine.save_checkpoint``, which the attached handle routes through its own (per-rank files included).
 """
 from __future__ import annotations
 
@@ -11,14 +13,14 @@ from typing import Any, Mapping, Optional
 
 from transformers import TrainerCallback
 
-from .checkpoint import read_rank_file, write_rank_file
+from .checkpoint import read_rank_file
 from .engine import GravacHandle, attach, get_handle
 
 logger = logging.getLogger("ds_gravac")
 
 
 class GravacCallback(TrainerCallback):
-    """Attach ds_gravac to the Trainer's DeepSpeed engine; save/restore per-rank state with its checkpoints."""
+    """Attach ds_gravac to the Trainer's DeepSpeed engine; restore per-rank state when the Trainer resumes."""
 
     def __init__(self, trainer: Any, config: Optional[Mapping[str, Any]] = None,
                  resume_from: Optional[str] = None) -> None:
@@ -53,14 +55,6 @@ class GravacCallback(TrainerCallback):
                            rank, checkpoint_dir)
             return
         self.handle.load_state_dict({"replicated": per_rank.get("replicated", {}), "local": per_rank})
-
-    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        handle = self.handle
-        if handle is None or not handle.active:
-            return
-        checkpoint_dir = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
-        tag_dir = _tag_dir(checkpoint_dir) or os.path.join(checkpoint_dir, f"global_step{state.global_step}")
-        write_rank_file(tag_dir, handle.state_dict())
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Optional[dict] = None, **kwargs: Any) -> None:
         handle = self.handle

@@ -45,3 +45,35 @@ def test_callback_none_equals_plain_trainer_and_topk_sends_less(tmp_path) -> Non
             assert torch.equal(ref, res["none"]["params"][key]), key
         assert res["topk"]["bytes"] < 0.2 * res["topk"]["dense"]
         assert res["none"]["bytes"] == pytest.approx(res["none"]["dense"])
+
+
+def _hf_resume_job(rank: int, world: int, out: str) -> dict:
+    import copy
+    import os
+
+    from runners.train_hf import build_trainer
+
+    import ds_gravac
+    cfg = copy.deepcopy(DS)
+    cfg["gravac"] = {"mode": "static", "compressor": "topk", "cf": 50, "min_compress_numel": 1000}
+    straight = build_trainer(cfg, out, steps=4, save_steps=2)
+    straight.train()
+    params = {n: p.detach().float().clone() for n, p in straight.model_wrapped.module.named_parameters()}
+    tag_dir = os.path.join(out, "checkpoint-2", "global_step2")
+    files = sorted(f for f in os.listdir(tag_dir) if f.startswith("gravac_rank"))
+    resumed = build_trainer(cfg, out, steps=4, save_steps=2)
+    resumed.train(resume_from_checkpoint=os.path.join(out, "checkpoint-2"))
+    handle = ds_gravac.get_handle(resumed.model_wrapped)
+    return {"files": files, "straight": params,
+            "resumed": {n: p.detach().float().clone() for n, p in resumed.model_wrapped.module.named_parameters()},
+            "restored_memory": handle.sync.memory.nonzero()}
+
+
+def test_trainer_checkpoint_carries_the_residuals(tmp_path) -> None:
+    """The Trainer saves through engine.save_checkpoint, which the attached handle routes through its own: the
+    per-rank files are in the checkpoint and a resumed run continues the uninterrupted one."""
+    for res in run_ranks(_hf_resume_job, 2, str(tmp_path), timeout=400):
+        assert res["files"] == ["gravac_rank00000.pt", "gravac_rank00001.pt"]
+        assert res["restored_memory"]
+        for key, ref in res["straight"].items():
+            torch.testing.assert_close(res["resumed"][key], ref, rtol=1e-5, atol=1e-6, msg=key)
