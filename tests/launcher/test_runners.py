@@ -183,7 +183,7 @@ def test_resume_reproduces_the_uninterrupted_run(full: dict, resumed: dict) -> N
 
 
 def test_train_ptb_tiny_lstm(tmp_path: Any) -> None:
-    cfg = _write_config(str(tmp_path / "lstm.json"), "lstm_gravac_exp.json", min_compress_numel=1000, window=4,
+    cfg = _write_config(str(tmp_path / "lstm.json"), "lstm_gravac_exp.json", window=4,
                         refresh_steps=1, min_sent_steps=1, theta_min=2, theta_max=100)
     proc = launch([PTB, "--deepspeed_config", cfg, "--lstm-size", "tiny", "--vocab-size", "500",
                    "--synthetic-tokens", "40000", "--steps", "12", "--eval-every", "6", "--eval-batches", "5",
