@@ -35,11 +35,17 @@ def _hf_job(rank: int, world: int, out: str) -> dict:
                          "bytes": handle.last_stats()["bytes_sent"] if handle else None,
                          "dense": handle.last_stats()["dense_bytes"] if handle else None,
                          "flag": engine.enable_backward_allreduce}
+    results["resume"] = _hf_resume(f"{out}/resume")
     return results
 
 
-def test_callback_none_equals_plain_trainer_and_topk_sends_less(tmp_path) -> None:
-    for res in run_ranks(_hf_job, 2, str(tmp_path), timeout=400):
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> list:
+    return run_ranks(_hf_job, 2, str(tmp_path_factory.mktemp("hf")), timeout=500)
+
+
+def test_callback_none_equals_plain_trainer_and_topk_sends_less(runs: list) -> None:
+    for res in runs:
         assert res["none"]["flag"] is False and res["plain"]["flag"] is True
         for key, ref in res["plain"]["params"].items():
             assert torch.equal(ref, res["none"]["params"][key]), key
@@ -47,7 +53,7 @@ def test_callback_none_equals_plain_trainer_and_topk_sends_less(tmp_path) -> Non
         assert res["none"]["bytes"] == pytest.approx(res["none"]["dense"])
 
 
-def _hf_resume_job(rank: int, world: int, out: str) -> dict:
+def _hf_resume(out: str) -> dict:
     import copy
     import os
 
@@ -69,10 +75,10 @@ def _hf_resume_job(rank: int, world: int, out: str) -> dict:
             "restored_memory": handle.sync.memory.nonzero()}
 
 
-def test_trainer_checkpoint_carries_the_residuals(tmp_path) -> None:
+def test_trainer_checkpoint_carries_the_residuals(runs: list) -> None:
     """The Trainer saves through engine.save_checkpoint, which the attached handle routes through its own: the
     per-rank files are in the checkpoint and a resumed run continues the uninterrupted one."""
-    for res in run_ranks(_hf_resume_job, 2, str(tmp_path), timeout=400):
+    for res in (r["resume"] for r in runs):
         assert res["files"] == ["gravac_rank00000.pt", "gravac_rank00001.pt"]
         assert res["restored_memory"]
         for key, ref in res["straight"].items():
