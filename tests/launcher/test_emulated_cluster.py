@@ -69,7 +69,10 @@ def test_bandwidth_and_two_node_ds_gravac_job(namespaces: None, tmp_path: Path) 
         report = cluster.measure(sizes=[size], ops=("all_reduce",), port=29611, max_repeats=3, timeout=120)
         expected = wire_factor("all_reduce", 2) * size * 8 / rate          # ring volume / rate
         seconds = report["ops"]["all_reduce"]["seconds"][0]
-        assert abs(seconds - expected) / expected < 0.3, (seconds, expected)
+        # Shaped: never faster than the wire allows (unshaped veth moves 4 MiB in milliseconds), and not at a
+        # wrong rate (half the rate would take 2×). Gloo's protocol and a busy 2-core host add time above the
+        # ideal: +36% was seen in a full-suite run on an Intel Xeon, so the upper slack is 1.8×, not 1.3×.
+        assert 0.8 * expected < seconds < 1.8 * expected, (seconds, expected)
 
         tx_before = [cluster.tx_bytes(i) for i in range(2)]
         results = cluster.launch_deepspeed("runners/minimal_example.py",
