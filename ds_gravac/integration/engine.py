@@ -23,7 +23,7 @@ from ..sync.reduce_rule import ReduceRule
 from ..sync.synchronizer import Synchronizer
 from ..telemetry.sinks import JsonlSink
 from .agreement import agree_config, agree_ok, agree_parameters
-from .checkpoint import route_engine_checkpoints, unroute_engine_checkpoints
+from .checkpoint import load_checkpoint, route_engine_checkpoints, save_checkpoint, unroute_engine_checkpoints
 from .shm_buffer import release_shm_buffer
 from .validation import validate_engine
 from .zero import ZeroBridge, zero_stage
@@ -322,12 +322,10 @@ class GravacHandle:
     def save_checkpoint(self, save_dir: str, tag: Optional[str] = None, client_state: Optional[dict] = None,
                         *ds_args: Any, **ds_kwargs: Any) -> Any:
         """What ``engine.save_checkpoint`` does while attached (it is routed here)."""
-        from .checkpoint import save_checkpoint
         return save_checkpoint(self, save_dir, tag, client_state, *ds_args, **ds_kwargs)
 
     def load_checkpoint(self, load_dir: str, tag: Optional[str] = None, *ds_args: Any, **ds_kwargs: Any) -> Any:
         """What ``engine.load_checkpoint`` does while attached (it is routed here)."""
-        from .checkpoint import load_checkpoint
         return load_checkpoint(self, load_dir, tag, *ds_args, **ds_kwargs)
 
 
