@@ -6,7 +6,7 @@ to the gradients), the static classification and the bucket plan (``bucket_cap_m
 ``CompressCtx`` per member, one ``BucketCodec`` per compressible bucket and the ``ErrorFeedbackMemory`` — with the
 synchronizer's own ``Planner`` (so contexts come from the same ``_make_ctx``: SGD lr 0.1, momentum 0.9, weight
 decay 1e-4, as in the ResNet/VGG configs). Each timed step then runs, per compressible bucket in plan order, what
-``Synchronizer._launch_compressible`` / ``_send_compressible`` / ``_complete`` run for a compressed bucket, with
+``Synchronizer._launch_compressible`` / ``_send_compressible`` and ``completion.complete_step`` run for a compressed bucket, with
 those objects and nothing copied:
 
     t_stage       release_gradients, step number into the contexts, memory.stage (x = g + r, or the compressor's

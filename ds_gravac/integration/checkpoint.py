@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+from types import MethodType
 from typing import Any, Mapping, Optional
 
 import torch
@@ -193,8 +194,8 @@ def route_engine_checkpoints(handle: Any) -> None:
     leaves in the optimizer. DeepSpeed's methods are kept and called underneath; :func:`unroute_engine_checkpoints`
     puts them back."""
     engine = handle.engine
-    handle.deepspeed_checkpoint_methods = {name: getattr(engine, name) for name in ROUTED}
-    handle.engine_own_checkpoint_methods = {name: engine.__dict__[name] for name in ROUTED if name in engine.__dict__}
+    # what detach puts back: an instance attribute the engine had before attach, or None (the class's method)
+    handle.routed_checkpoint_attributes = {name: engine.__dict__.get(name) for name in ROUTED}
 
     def save(save_dir: str, tag: Optional[str] = None, client_state: Optional[dict] = None, *args: Any,
              **kwargs: Any) -> Any:
@@ -208,16 +209,19 @@ def route_engine_checkpoints(handle: Any) -> None:
 
 def unroute_engine_checkpoints(handle: Any) -> None:
     """DeepSpeed's own methods back on the engine (at detach)."""
-    engine, own = handle.engine, getattr(handle, "engine_own_checkpoint_methods", {})
-    for name in getattr(handle, "deepspeed_checkpoint_methods", None) or {}:
-        if name in own:
-            setattr(engine, name, own[name])            # an instance attribute set before attach, as it was
+    engine = handle.engine
+    for name, own in (getattr(handle, "routed_checkpoint_attributes", None) or {}).items():
+        if own is not None:
+            setattr(engine, name, own)                  # an instance attribute set before attach, as it was
         else:
             engine.__dict__.pop(name, None)             # the class's method shows through again
-    handle.deepspeed_checkpoint_methods, handle.engine_own_checkpoint_methods = {}, {}
+    handle.routed_checkpoint_attributes = {}
 
 
 def deepspeed_method(handle: Any, name: str) -> Any:
     """DeepSpeed's ``save_checkpoint`` / ``load_checkpoint`` of the handle's engine, never the routed one."""
-    originals = getattr(handle, "deepspeed_checkpoint_methods", None) or {}
-    return originals.get(name) or getattr(handle.engine, name)
+    engine, routed = handle.engine, getattr(handle, "routed_checkpoint_attributes", None) or {}
+    if name not in routed:
+        return getattr(engine, name)
+    own = routed[name]
+    return own if own is not None else MethodType(getattr(type(engine), name), engine)

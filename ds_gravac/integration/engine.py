@@ -107,8 +107,7 @@ class GravacHandle:
         self._moved_hyperparams: list[tuple[dict, str, Any]] = []
         self._moved_clipping: list[tuple[Any, str, float]] = []     # (object, attribute, the engine's value)
         self.zero: Optional[ZeroBridge] = None
-        self.deepspeed_checkpoint_methods: dict[str, Any] = {}     # the engine's own, while they are routed here
-        self.engine_own_checkpoint_methods: dict[str, Any] = {}
+        self.routed_checkpoint_attributes: dict[str, Any] = {}     # while routed here: what detach puts back
 
     # ---- lifecycle --------------------------------------------------------------------------------------
     def _activate(self, bucket_order: Optional[list[int]] = None) -> None:

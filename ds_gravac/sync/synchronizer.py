@@ -10,9 +10,10 @@ One step (one accumulation boundary):
 3. At the end of backward the remaining buckets launch, further rounds of multi-round patterns are issued in plan
    order, and this step's statistics vector is exchanged on the control channel. It carries every rank's
    non-finite count, so all ranks learn together whether any gradient of the step was NaN/Inf.
-4. Finite: every bucket's memory commits, its result is decoded and written to ``p.grad``, and the controller
-   observes the statistics. Not finite: nothing commits; the gradients are averaged exactly as plain DeepSpeed
-   would (``nonfinite: "dense"``) or a :class:`GravacError` names the step and tensor (``"raise"``).
+4. Finite: every bucket's memory commits, its result is decoded and written to ``p.grad``
+   (``ds_gravac.sync.completion``), and the controller observes the statistics. Not finite: nothing commits; the
+   gradients are averaged exactly as plain DeepSpeed would (``nonfinite: "dense"``) or a :class:`GravacError`
+   names the step and tensor (``"raise"``).
 
 What a bucket does inside an exchange, and how payloads are encoded, is not this module's business: see
 ``ds_gravac.sync.exchange`` (patterns), ``ds_gravac.sync.codec`` (encode/decode) and ``ds_gravac.sync.memory``.
@@ -33,12 +34,12 @@ from .aggregate_gain import AggregateGain, check_aggregate_gain
 from .buckets import BucketPlan, Member, classify
 from .codec import BucketCodec, SendLayout
 from .collectives import Channels, broadcast, check_agreement
+from .completion import complete_step
 from .exchange import DenseAllReduce, Exchange, payload_exchange
 from .hooks import HookManager
 from ..compress.local_clipping import clip_in_place
 from .host_memory import release_freed_host_memory
-from .memory import ErrorFeedbackMemory, write_grads
-from .nonfinite import nonfinite_step
+from .memory import ErrorFeedbackMemory
 from .planner import Planner
 from .reduce_rule import ReduceRule
 from .running_step import RunningStep
@@ -294,7 +295,7 @@ class Synchronizer:
             self._issue_later_rounds(block=True)
             work.wait()
             agreed = self.stats.agree(rows, run.plan)
-        timings = self._complete(agreed)
+        timings = complete_step(self, agreed)
         if self.after_write is not None:
             self.after_write()
         if self.aggregate is not None:
@@ -311,52 +312,6 @@ class Synchronizer:
     def _issue_later_rounds(self, block: bool) -> None:
         self.running.issue_later_rounds(self.planner.max_rounds, len(self.plan.buckets),
                                         self.channels.data_channels, block)
-
-    def _complete(self, agreed: AgreedStats) -> dict[str, float]:
-        """Wait for every bucket; commit and write back (finite step) or fall back to DeepSpeed's average."""
-        run = self.running
-        if agreed.nonfinite > 0:
-            return nonfinite_step(agreed, self.running, self.members, self.plan.buckets, self.config.nonfinite,
-                                  self.rule, self.world_size, self.channels.data_channels)
-        comm_wait = decompress = writeback = 0.0
-        scale = self.rule.output_scale
-        collect = self.controller.collect if self.controller.collects_gradients(run.plan.step) else None
-        for bucket in self.plan.buckets:
-            b = bucket.index
-            ex = run.exchanges[b]
-            comm_wait += ex.wait(ex.rounds - 1)
-            t1 = time.perf_counter()
-            out = None
-            if bucket.compressible:
-                mem, ctxs = self.memory.bucket(b), self.planner.ctxs[b]
-                if collect is not None:
-                    for m in bucket.members:
-                        collect(m.name, mem.grad(m))
-                if run.plan.actions[b].compressed:
-                    mem.commit_compressed(self.comp, None if self.partitioned else run.layouts[b].payloads, ctxs)
-                    self.server.commit(b)
-                    out = mem.scratch
-                else:
-                    mem.commit_dense(self.comp, ctxs)
-            t_r = time.perf_counter()
-            flat = ex.result(out, scale)
-            run.decode_s[b] = time.perf_counter() - t_r
-            if bucket.compressible and self.comp.owns_state:     # state that depends on the aggregate
-                self.codecs[b].commit_aggregate(run.layouts.get(b) if run.plan.actions[b].compressed else None,
-                                                flat)
-            if self.aggregate is not None:
-                self.aggregate.bucket_done(bucket, flat, run.plan.actions[b].compressed)
-            t2 = time.perf_counter()
-            if bucket.compressible:
-                self.update_space.to_gradient(bucket.members, self.planner.ctxs[b], flat, run.plan.step)
-                if run.loss_scale != 1.0:
-                    flat.mul_(run.loss_scale)          # back into the scaled space the optimizer unscales
-                write_grads(bucket.members, flat, alias=flat is self.memory.bucket(b).scratch)
-            else:
-                ex.write_back([m.param.grad for m in bucket.members])
-            decompress, writeback = decompress + t2 - t1, writeback + time.perf_counter() - t2
-        self.comp.step_committed(any(a.compressed for a in run.plan.actions))
-        return {"comm_wait_s": comm_wait + run.round_wait_s, "decompress_s": decompress, "writeback_s": writeback}
 
     def _resolve_strict(self) -> AgreedStats:
         """Strict decision: blocking statistics exchange, resolve the branch, then send in plan order."""
