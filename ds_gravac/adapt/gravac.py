@@ -12,36 +12,20 @@ Probe-slot convention (``StepDecision.probe_levels``; the stats' ``nums[j]`` bel
 from __future__ import annotations
 
 import dataclasses
-import enum
 import logging
 import math
 from typing import Any, Mapping, Optional
 
-from ..errors import GravacConfigError
 from .base import BRANCH_CODES, MAX_PROBES, AgreedStats, Branch, Controller, ControllerContext, StepDecision
-from .gravac_records import (CandidateSequence, GainRecord, ThroughputRecord, records_to_rows,
-                             rows_to_records)
+from .gravac_records import CandidateSequence, GainRecord, Phase, ThroughputRecord
+from .gravac_state import gravac_state_dict, load_gravac_state
 from .levels import gravac_range
 
 log = logging.getLogger("ds_gravac")
 
-
-class Phase(str, enum.Enum):
-    """Where the CF search stands (the search advances only at window boundaries)."""
-
-    WARMUP = "WARMUP"           # before i0: dense steps, records warm up
-    SEARCH = "SEARCH"           # a candidate θ_c is evaluated per window
-    SETTLED = "SETTLED"         # two best throughputs within ω: θ_c fixed at the lower CF
-    EXHAUSTED = "EXHAUSTED"     # θ_c reached θ_max (or no candidate above θ_min exists)
-
-    def __str__(self) -> str:
-        return self.value
-
-
 PHASES = tuple(p.value for p in Phase)
 PHASE_CODES = {p: i for i, p in enumerate(Phase)}
 MAX_TABLE_REFRESH = 8          # R6: up to 8 table CFs + the next candidate (with θ_min, θ_c: ≤ MAX_PROBES)
-STATE_VERSION = 1
 NAN = float("nan")
 
 
@@ -377,39 +361,7 @@ class GravacController(Controller):
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        """Replicated state as JSON-friendly plain Python (CF-keyed records as rows, NaN as None)."""
-        def num(x: float) -> Optional[float]:
-            return None if math.isnan(x) else x
-        return {
-            "version": STATE_VERSION, "mode": self.mode, "alpha": self.alpha, "phase": self.phase.value,
-            "theta_min": self.theta_min, "theta_c": self.theta_c, "j": self.j, "i0": self.i0,
-            "gains": records_to_rows(self.gains), "thru": records_to_rows(self.thru),
-            "sent": [list(s) for s in self.sent],
-            "last_decided": self.last_decided, "last_observed": self.last_observed,
-            "last_boundary": self.last_boundary, "last_branch": self.last_branch.value, "last_cf": self.last_cf,
-            "raw_min": num(self.raw_min), "raw_cand": num(self.raw_cand),
-            "t_iter": num(self.t_iter_last), "t_sys": num(self.t_sys_last),
-        }
+        return gravac_state_dict(self)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Exact restore (also from a JSON round trip, where NaN became None and dict keys strings)."""
-        def num(x: Any) -> float:
-            return NAN if x is None else float(x)
-        if state.get("mode", self.mode) != self.mode:
-            raise GravacConfigError(f"ds_gravac: checkpoint holds a {state.get('mode')!r} controller state, "
-                                    f"not {self.mode!r}")
-        self.alpha = float(state["alpha"])
-        self.phase = Phase(str(state["phase"]))
-        self.i0 = int(state.get("i0", self.i0))
-        self.theta_min, self.theta_c = float(state["theta_min"]), float(state["theta_c"])
-        self.j = int(state["j"])
-        self.gains = rows_to_records(state["gains"], GainRecord)
-        self.thru = rows_to_records(state["thru"], ThroughputRecord)
-        self.sent = [[int(s), float(cf), str(br)] for s, cf, br in state["sent"]]
-        self.last_decided, self.last_observed = int(state["last_decided"]), int(state["last_observed"])
-        self.last_boundary = int(state["last_boundary"])
-        self.last_branch, self.last_cf = Branch(str(state["last_branch"])), float(state["last_cf"])
-        self.raw_min, self.raw_cand = num(state["raw_min"]), num(state["raw_cand"])
-        self.t_iter_last, self.t_sys_last = num(state["t_iter"]), num(state["t_sys"])
-        self._initialized = True
-
+        load_gravac_state(self, state)

@@ -5,9 +5,22 @@ records; (de)serialisation is JSON-friendly and exact (``repr`` of a float round
 """
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Optional
+
+
+class Phase(str, enum.Enum):
+    """Where the CF search stands (the search advances only at window boundaries)."""
+
+    WARMUP = "WARMUP"           # before i0: dense steps, records warm up
+    SEARCH = "SEARCH"           # a candidate θ_c is evaluated per window
+    SETTLED = "SETTLED"         # two best throughputs within ω: θ_c fixed at the lower CF
+    EXHAUSTED = "EXHAUSTED"     # θ_c reached θ_max (or no candidate above θ_min exists)
+
+    def __str__(self) -> str:
+        return self.value
 
 
 def ewma(prev: float, sample: float, alpha: float, first: bool) -> float:
