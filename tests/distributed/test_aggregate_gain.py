@@ -118,11 +118,19 @@ def test_numerator_at_the_sent_level_is_the_applied_energy(exact: list) -> None:
 def test_denominator_is_the_energy_of_the_mean_input(exact: list) -> None:
     out = exact[0]
     assert len(out["samples"]) == STEPS - 1            # step s is reported at step s + 1
+    bounded = 0
     for step, levels, den, nums in out["samples"]:
         want = out["applied"][step] + (out["residual"][step] if out["sent"][step] > 1.0 else 0.0)
         assert den == pytest.approx(want, rel=1e-5), step
         measured = [n for n in nums if n is not None]
-        assert measured and all(0.0 <= n <= den * (1 + 1e-9) for n in measured)
+        assert all(0.0 <= n <= den * (1 + 1e-9) for n in measured), step
+        # From the first window boundary (step 7) on, the branch depends on measured step times: a busy machine
+        # can make dense and CF 8 equally fast, GraVAC then settles on dense and probes nothing. Every step
+        # before it has a measurable level (the dense warm-up steps and CF 8 with θ_min 4 above it).
+        if levels:
+            assert measured, (step, levels)
+        bounded += bool(measured)
+    assert bounded >= 7
 
 
 def test_lower_ranks_carry_less_energy(exact: list) -> None:
