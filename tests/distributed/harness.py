@@ -63,7 +63,7 @@ def rank_context() -> Any:
     return ctx
 
 
-def run_ranks(fn: Callable[..., Any], world_size: int = 2, *args: Any, timeout: float = 240.0) -> list[Any]:
+def run_ranks(fn: Callable[..., Any], world_size: int = 2, *args: Any, timeout: float = 480.0) -> list[Any]:
     """Run ``fn`` on ``world_size`` gloo ranks; returns results ordered by rank."""
     ctx = rank_context()
     queue = ctx.Queue()

@@ -44,8 +44,9 @@ DENSE = {"mode": "dense", "bucket_cap_mb": 0.02}
 COMPRESSED = {
     "topk": {"mode": "static", "compressor": "topk", "cf": 20},
     "dgc": {"mode": "static", "compressor": "dgc", "cf": 20, "min_compress_numel": 0},
+    # omega 0: no settling on measured step times (the resume test compares two runs timed separately)
     "gravac": {"mode": "gravac", "compressor": "topk", "theta_min": 4, "theta_max": 64, "refresh_steps": 2,
-               "window": 4},
+               "window": 4, "omega": 0.0},
     "powersgd": {"mode": "static", "compressor": {"type": "powersgd", "params": {"rank": 2}}},
     "onebit": {"mode": "static", "compressor": "onebit"},
 }

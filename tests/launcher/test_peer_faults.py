@@ -45,7 +45,9 @@ def check_outcome(fault: str, markers: dict[int, dict], log: str) -> float:
     assert "ds_gravac: collective" in error, error
     seconds = markers[0]["time"] - markers[1]["time"]
     bound = TIMEOUT_S + 10.0 if fault == "stop" else KILL_BOUND_S
-    lower = TIMEOUT_S - 1.0 if fault == "stop" else 0.0
+    # rank 1 writes its marker after its last collective; on a busy host it may be descheduled in between, so
+    # rank 0's wait can start a little before the marker's time (the lower bound still rules out an early error)
+    lower = TIMEOUT_S - 3.0 if fault == "stop" else 0.0
     assert lower <= seconds <= bound, (fault, seconds, error)
     if fault == "stop":
         assert "timeout_s" in error, error
