@@ -11,6 +11,7 @@ operator or a collective, so no thread pool or socket is inherited across the fo
 """
 from __future__ import annotations
 
+import functools
 import io
 import os
 import socket
@@ -54,8 +55,10 @@ def _entry(rank: int, world_size: int, port: int, fn: Callable[..., Any], args: 
 PRELOADED = ["torch", "deepspeed", "ds_gravac", "harness"]
 
 
+@functools.cache
 def rank_context() -> Any:
-    """The fork-server context (started on first use, kept for the session); ranks get a CPU DeepSpeed."""
+    """The fork-server context (started on first use, kept for the session); ranks get a CPU DeepSpeed. The two
+    defaults are set in this process because the server, started from it, passes its environment to every rank."""
     os.environ.setdefault("DS_ACCELERATOR", "cpu")   # read when the server imports DeepSpeed
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     ctx = mp.get_context("forkserver")
