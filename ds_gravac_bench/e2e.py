@@ -78,9 +78,19 @@ def run_local(script: str, args: list[str], ddp: bool, port: int, timeout: float
     env = _runner_env()
     launcher = [str(VENV_BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", str(port)] if ddp else \
         [str(VENV_BIN / "deepspeed"), "--num_gpus", "2", "--master_port", str(port)]
-    with open(log, "w") as fh:
-        return subprocess.run(launcher + [script] + args, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT,
-                              timeout=timeout).returncode
+    try:
+        with open(log, "w") as fh:
+            return subprocess.run(launcher + [script] + args, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT,
+                                  timeout=timeout).returncode
+    finally:   # a run without ds_gravac (DeepSpeed's own path) never unlinks its buffers
+        remove_shm_buffers([(port, r) for r in range(2)])
+
+
+def remove_shm_buffers(port_ranks: list[tuple[int, int]]) -> None:
+    """DeepSpeed's CPU comm op leaves a ~69 MB /dev/shm buffer per process and rendezvous port; a loopback run's are
+    ours to remove once its processes have exited."""
+    for port, rank in port_ranks:
+        (SHM_DIR / f"{PREFIX}_{os.getuid()}_127.0.0.1_{port}_{rank}").unlink(missing_ok=True)
 
 
 def ablation_matrix(value: str) -> dict[str, SystemSpec]:
@@ -119,8 +129,7 @@ def run_compute_only(script: str, args: list[str], ranks: int, port: int, timeou
             proc.kill()
             codes.append(-1)
         fh.close()
-    for r in range(ranks):   # DeepSpeed's CPU comm op leaves a ~69 MB /dev/shm buffer per process; these are ours
-        (SHM_DIR / f"{PREFIX}_{os.getuid()}_127.0.0.1_{port + r}_0").unlink(missing_ok=True)
+    remove_shm_buffers([(port + r, 0) for r in range(ranks)])     # each process is rank 0 of its own port
     return max(codes)
 
 

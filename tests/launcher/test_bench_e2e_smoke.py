@@ -11,7 +11,10 @@ import pytest
 def test_bench_e2e_smoke(tmp_path) -> None:
     from ds_gravac_bench.e2e import main
     from ds_gravac_bench.report import validate
+    buffers_before = set(glob.glob("/dev/shm/deepspeed_allreduce_buffer_*"))
     main(["run", "--smoke", "--out", str(tmp_path)])
+    left = set(glob.glob("/dev/shm/deepspeed_allreduce_buffer_*")) - buffers_before
+    assert not left, f"the loopback runs left DeepSpeed's shm buffers behind: {sorted(left)}"
     results = json.loads((tmp_path / "results.json").read_text())
     validate(results)
     assert [s["id"] for s in results["systems"]] == ["compute_only", "ds_dense", "gv_topk_100"]
