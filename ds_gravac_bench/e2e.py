@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from ds_gravac.integration.shm_buffer import PREFIX, SHM_DIR
+from ds_gravac.integration.shm_buffer import buffer_path
 from ds_gravac_bench.report import report
 from ds_gravac_bench.systems import (QUICK_SYSTEMS, SMOKE_SYSTEMS, SystemSpec, ablation_ladder, resolve_system,
                                      system_config, system_matrix)
@@ -90,7 +90,7 @@ def remove_shm_buffers(port_ranks: list[tuple[int, int]]) -> None:
     """DeepSpeed's CPU comm op leaves a ~69 MB /dev/shm buffer per process and rendezvous port; a loopback run's are
     ours to remove once its processes have exited."""
     for port, rank in port_ranks:
-        (SHM_DIR / f"{PREFIX}_{os.getuid()}_127.0.0.1_{port}_{rank}").unlink(missing_ok=True)
+        buffer_path("127.0.0.1", port, rank).unlink(missing_ok=True)
 
 
 def ablation_matrix(value: str) -> dict[str, SystemSpec]:

@@ -19,12 +19,17 @@ SHM_DIR = Path("/dev/shm")
 PREFIX = "deepspeed_allreduce_buffer"
 
 
+def buffer_path(addr: str, port: int | str, rank: int) -> Path:
+    """The name DeepSpeed gives the buffer of ``rank`` in a job rendezvousing at ``addr:port``."""
+    return SHM_DIR / f"{PREFIX}_{os.getuid()}_{addr}_{port}_{rank}"
+
+
 def shm_buffer_path(rank: int) -> Optional[Path]:
-    """The name DeepSpeed gives this rank's buffer, or None without a rendezvous address."""
+    """This process's buffer (from its rendezvous environment), or None without a rendezvous address."""
     addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     if not addr or not port or not hasattr(os, "getuid"):
         return None
-    return SHM_DIR / f"{PREFIX}_{os.getuid()}_{addr}_{port}_{rank}"
+    return buffer_path(addr, port, rank)
 
 
 def release_shm_buffer(rank: int) -> bool:

@@ -16,10 +16,11 @@ import io
 import os
 import socket
 import traceback
-from pathlib import Path
 from typing import Any, Callable
 
 import torch.multiprocessing as mp
+
+from ds_gravac.integration.shm_buffer import buffer_path
 
 
 def free_port() -> int:
@@ -101,4 +102,4 @@ def remove_shm_buffers(port: int, world_size: int) -> None:
     """DeepSpeed's CPU comm op leaks a ~69 MB /dev/shm buffer per rank and port (ds_gravac/integration/shm_buffer.py);
     ranks that never reached ``attach`` (error tests) leave theirs behind, so the harness removes them."""
     for rank in range(world_size):
-        Path(f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_{port}_{rank}").unlink(missing_ok=True)
+        buffer_path("127.0.0.1", port, rank).unlink(missing_ok=True)
