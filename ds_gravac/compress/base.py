@@ -205,6 +205,9 @@ class Compressor:
     # projections that report each component's energy of the applied aggregate (component_energies): GraVAC's
     # gain_denominator "aggregate" needs them (low-rank compressors)
     aggregate_gain: ClassVar[bool] = False
+    # set by the synchronizer when something reads component_energies: measuring them costs a pass over every
+    # compressed gradient per step (ACP-SGD), wasted in every other mode
+    wants_energies: bool = False
     # owns_state only: names of the flat fp32 memory buffers the synchronizer keeps per tensor, and the one that
     # becomes the committed input after a compressed send (DGC: ("u", "v") and "v").
     memory_slots: ClassVar[tuple[str, ...]] = ()

@@ -211,8 +211,9 @@ class LowRankCompressor(Compressor):
 
     def record_energies(self, ctx: CompressCtx, rows: Tensor, scale: float = 1.0) -> None:
         """Remember ``scale²·‖row_k‖²`` per component of this step's aggregate (rows against an orthonormal basis,
-        so the energy of the rank-r approximation is the sum of the first r entries)."""
-        self._energies[ctx.key] = rows.double().square().sum(dim=1).mul_(scale * scale)
+        so the energy of the rank-r approximation is the sum of the first r entries); only when they are read."""
+        if self.wants_energies:
+            self._energies[ctx.key] = rows.double().square().sum(dim=1).mul_(scale * scale)
 
     def component_energies(self, ctx: CompressCtx) -> Optional[Tensor]:
         """This step's per-component energies of the matrix's applied aggregate (popped: read once per step), or

@@ -89,6 +89,7 @@ class Synchronizer:
         check_aggregate_gain(config, compressor)
         self.aggregate = AggregateGain(compressor, self.planner, config.seed, self.world_size) \
             if config.mode == "gravac" and config.gain_denominator == "aggregate" else None
+        compressor.wants_energies = self.aggregate is not None
         self.stats = StepStatistics(engine, self.world_size, channels.control, on_record, self.aggregate)
         self.backward_end_t = 0.0
         self.last_launch_times: dict[int, float] = {}

@@ -58,7 +58,7 @@ def _resume_job(rank: int, world: int, save_dir: str) -> dict:
         loaded = {"error": _error_norm(rh), "phase": rh.compressor.phase, "factors": _factor_digest(rh)}
         M.train(resumed, rank, 4, start=4)
         out[comp] = {"straight": M.params_of(straight), "resumed": M.params_of(resumed), "saved": saved,
-                     "loaded": loaded}
+                     "loaded": loaded, "energies_held": len(ds_gravac.get_handle(straight).compressor._energies)}
     return out
 
 
@@ -105,6 +105,14 @@ def test_resume_after_an_odd_number_of_compressed_steps_equals_uninterrupted(sav
             assert run["saved"]["phase"] == 1, "after P, Q, P the next step is a Q-step"
         for key, value in run["straight"].items():
             assert torch.equal(value, run["resumed"][key]), (comp, key)
+
+
+@pytest.mark.parametrize("comp", ["powersgd", "acpsgd"])
+def test_static_runs_measure_no_aggregate_energies(saved: tuple, comp: str) -> None:
+    """Only GraVAC's "aggregate" gain reads the per-component energies; a static run must not pay for them
+    (ACP-SGD measured them with a float64 pass over every compressed gradient per step)."""
+    for res in saved[1]:
+        assert res[comp]["energies_held"] == 0
 
 
 def test_world_size_change_resets_errors_and_keeps_factors_and_parity(saved: tuple) -> None:
