@@ -126,9 +126,10 @@ class ACPSGD(LowRankCompressor):
         n, m, r = self.dims(p.plan)
         side, cols = ("p", n) if p.plan.get("phase") == P_STEP else ("q", m)
         f = p["f"].view(r, cols)
-        total = float(f.double().square().sum()) if self.wants_energies else 0.0
-        if total > 0:       # G = scale·F·basis with an orthonormal basis: the scale from ‖G‖² = scale²·‖F‖²
-            self.record_energies(ctx, f, (float(g.double().square().sum()) / total) ** 0.5)
+        if self.wants_energies:    # G = scale·F·basis with an orthonormal basis: the scale from ‖G‖² = scale²·‖F‖²
+            total = float(f.double().square().sum())
+            if total > 0:
+                self.record_energies(ctx, f, (float(g.double().square().sum()) / total) ** 0.5)
         self.factor(ctx, side, cols, self.width(n, m))
         self.adopt(ctx, side, f, r)
 
