@@ -129,7 +129,8 @@ class ACPSGD(LowRankCompressor):
         if self.wants_energies:    # G = scale·F·basis with an orthonormal basis: the scale from ‖G‖² = scale²·‖F‖²
             total = float(f.double().square().sum())
             if total > 0:
-                self.record_energies(ctx, f, (float(g.double().square().sum()) / total) ** 0.5)
+                g_energy = float(torch.linalg.vector_norm(g, dtype=torch.float64)) ** 2   # no float64 copy of G
+                self.record_energies(ctx, f, (g_energy / total) ** 0.5)
         self.factor(ctx, side, cols, self.width(n, m))
         self.adopt(ctx, side, f, r)
 
