@@ -82,6 +82,26 @@ def test_powersgd_full_rank_is_exact_every_step() -> None:
         assert torch.allclose(g, sum(ms) / w, atol=1e-10)
 
 
+def test_powersgd_is_exact_every_step_when_the_summed_gradient_has_rank_at_most_r() -> None:
+    """A Linear layer's gradient over a batch of b samples is a sum of b outer products, so the sum over W ranks
+    has rank <= W*b. PowerSGD at r >= W*b then returns the exact average on every step, error feedback included
+    (each rank's error is its deviation from the average, and the errors sum to zero) — with a fresh random
+    projection every step as with the warm start. What VGG16-bn's recommended config relies on."""
+    w, b, n, m = 2, 3, 40, 25
+    r = w * b
+    for warm in (False, True):
+        es = [torch.zeros(n, m, dtype=F64) for _ in range(w)]
+        q = torch.randn(m, r, generator=gen(7), dtype=F64)
+        for t in range(6):
+            ms = [low_rank(n, m, b, seed=100 * t + k) for k in range(w)]
+            if not warm:
+                q = torch.randn(m, r, generator=gen(1000 + t), dtype=F64)
+            g, es, q_next = powersgd_step(ms, es, q)
+            assert torch.allclose(g, sum(ms) / w, atol=1e-9), (warm, t)
+            assert torch.allclose(sum(es), torch.zeros(n, m, dtype=F64), atol=1e-9)
+            q = q_next
+
+
 def test_powersgd_one_rank_splits_the_input_exactly() -> None:
     x = torch.randn(15, 11, generator=gen(4), dtype=F64)
     q = torch.randn(11, 2, generator=gen(6), dtype=F64)
