@@ -42,7 +42,7 @@ def test_config_sets_the_required_keys(path: str) -> None:
 
 
 # Files that compress only VGG16-bn's classifier matrices (every tensor of at most 3M values goes dense).
-DENSE_CONVOLUTIONS = {"vgg16_recommended.json"}
+DENSE_CONVOLUTIONS = {"vgg16_recommended.json", "vgg16_gravac_powersgd.json", "vgg16_gravac_acpsgd.json"}
 
 
 @pytest.mark.parametrize("path", [p for p in CONFIGS if os.path.basename(p) != "minimal_topk.json"],
@@ -61,8 +61,12 @@ def test_runner_config_conventions(path: str) -> None:
         # VGG16-bn's classifier matrices (16.8M and 103M values) get a gradient of rank <= the global batch, which
         # PowerSGD recovers exactly at that rank; its convolutions (<= 2.36M values) go dense (docs/BENCHMARKS.md §5)
         assert gravac.min_compress_numel == 3_000_000
+        global_batch = 2 * cfg["train_micro_batch_size_per_gpu"]   # the benchmark's 2 ranks
         if gravac.mode == "static":
-            assert gravac.compressor.params["rank"] >= 2 * cfg["train_micro_batch_size_per_gpu"]   # 2 ranks' batch
+            assert gravac.compressor.params["rank"] >= global_batch
+        else:   # GraVAC's first candidate 2·θ_min still maps the 4096 × 4096 matrix to a rank >= the global batch
+            pair = 2 if gravac.compressor.type == "acpsgd" else 1
+            assert pair * 4096 * 4096 / ((4096 + 4096) * 2 * gravac.theta_min) >= global_batch
     else:
         assert gravac.min_compress_numel == 16384
 
