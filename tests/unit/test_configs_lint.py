@@ -7,6 +7,9 @@ import os
 
 import pytest
 
+from ds_gravac.compress.acpsgd import ACPSGD
+from ds_gravac.compress.powersgd import PowerSGD
+
 from ds_gravac.config import parse_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -65,8 +68,9 @@ def test_runner_config_conventions(path: str) -> None:
         if gravac.mode == "static":
             assert gravac.compressor.params["rank"] >= global_batch
         else:   # GraVAC's first candidate 2·θ_min still maps the 4096 × 4096 matrix to a rank >= the global batch
-            pair = 2 if gravac.compressor.type == "acpsgd" else 1
-            assert int(pair * 4096 * 4096 / ((4096 + 4096) * 2 * gravac.theta_min)) >= global_batch   # whole ranks
+            comp = {"powersgd": PowerSGD, "acpsgd": ACPSGD}[gravac.compressor.type]()
+            comp.bind_levels("cf", 2.0)                 # the compressor's own CF -> rank mapping
+            assert comp.rank_for(4096, 4096, 2 * gravac.theta_min) >= global_batch
     else:
         assert gravac.min_compress_numel == 16384
 
