@@ -9,7 +9,6 @@ import pytest
 
 from ds_gravac.compress.acpsgd import ACPSGD
 from ds_gravac.compress.powersgd import PowerSGD
-
 from ds_gravac.config import parse_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
