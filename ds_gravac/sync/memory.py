@@ -21,6 +21,7 @@ feedback: two fp32 copies of the compressed gradients), and nothing non-finite e
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any, Optional, Sequence
 
 import torch
@@ -80,27 +81,32 @@ class BucketMemory:
 
     def stage(self, compressor: Compressor, ctxs: Sequence[CompressCtx], error_feedback: bool,
               squares: Optional[list[torch.Tensor]] = None, inv_scale: float = 1.0,
-              clip: float = 0.0) -> list[torch.Tensor]:
+              clip: float = 0.0, raw_squares: Optional[list[float]] = None) -> list[torch.Tensor]:
         """Write every member's input ``x`` into the scratch; returns the per-member flat views of ``x``. With
         ``squares``, each member's ``‖x‖²`` is appended right after it was written, while ``x`` is still in cache
         (a separate pass over the bucket afterwards reads it from memory again). ``inv_scale`` (1/the fp16 loss
         scale) unscales the gradient on the way in, so residuals never depend on a scale that changes. ``clip``
         > 0 (local clipping) clips each unscaled gradient to that norm before it meets the residual; compressors
-        that own their state (DGC) clip inside ``compensate`` instead."""
+        that own their state (DGC) clip inside ``compensate`` instead. With ``raw_squares``, each member's
+        unscaled ``‖g‖²`` (capped at ``clip²`` under local clipping: the gradient as clipped) is appended — the
+        norm local clipping needs anyway, so the raw gain denominator costs no second pass."""
         self.inv_scale = inv_scale
         xs = self.views(self.scratch)
         for i, m in enumerate(self.members):
             g, x = m.param.grad, xs[i]
+            clips_here = clip > 0.0 and not compressor.owns_state
+            norm = grad_norm(g, inv_scale) if clips_here or raw_squares is not None else math.nan
+            if raw_squares is not None:
+                raw_squares.append(min(norm * norm, clip * clip) if clip > 0.0 else norm * norm)
+            alpha = inv_scale * clip_factor(norm, clip) if clips_here else inv_scale
             if compressor.owns_state:
                 ctxs[i].memory = self.member_memory(i)
                 compressor.compensate(self.grad(m), x, ctxs[i])
             elif error_feedback and RESIDUAL in self.slots:
                 r = self.views(self.slots[RESIDUAL])[i]
-                torch.add(r.view(g.shape), g.detach(), alpha=_alpha(g, inv_scale, clip),   # any layout, one pass
-                          out=x.view(g.shape))
+                torch.add(r.view(g.shape), g.detach(), alpha=alpha, out=x.view(g.shape))   # any layout, one pass
             else:
                 x.view(g.shape).copy_(g.detach())
-                alpha = _alpha(g, inv_scale, clip)
                 if alpha != 1.0:
                     x.mul_(alpha)
             if squares is not None:
@@ -233,7 +239,3 @@ def write_grads(members: list[Member], flat: torch.Tensor, alias: bool) -> None:
         else:
             m.param.grad.copy_(seg)
 
-
-def _alpha(g: torch.Tensor, inv_scale: float, clip: float) -> float:
-    """The factor a gradient enters x with: unscaled, and clipped to ``clip`` when local clipping is on."""
-    return inv_scale * clip_factor(grad_norm(g, inv_scale), clip) if clip > 0.0 else inv_scale

@@ -207,8 +207,9 @@ class Synchronizer:
             ctx.step = plan.step
         self.update_space.begin(ctxs)
         norms: list[torch.Tensor] = []
+        raw = [] if self.config.gain_denominator == "raw" else None
         xs = mem.stage(self.comp, ctxs, self.config.error_feedback, squares=norms, inv_scale=1.0 / run.loss_scale,
-                       clip=self.local_clip)
+                       clip=self.local_clip, raw_squares=raw)
         for ctx, x in zip(ctxs, xs):
             ctx.residual = x
         squares = torch.stack(norms).double()
@@ -216,9 +217,8 @@ class Synchronizer:
         if not math.isfinite(den):
             self._mark_nonfinite([m for m, sq in zip(codec.bucket.members, squares.tolist()) if not math.isfinite(sq)])
         st.den += den
-        if self.config.gain_denominator == "raw":
-            cap = self.local_clip ** 2 if self.local_clip > 0.0 else math.inf    # the gradient as clipped
-            st.den_raw += sum(min(float(torch.dot(g, g)), cap) for g in (mem.grad(m) for m in codec.bucket.members))
+        if raw is not None:
+            st.den_raw += sum(raw)
         if self.aggregate is not None:
             self.aggregate.stage(b, mem.scratch)
         st.stage_s += time.perf_counter() - t0

@@ -30,17 +30,20 @@ def _observe_spy(handle) -> list:
     return seen
 
 
-def _timing_job(rank: int, world: int) -> dict:
-    """GraVAC with probes every step: what the controller receives vs what each rank measured."""
+def _timing_job(rank: int, world: int, clipping: float = 0.0) -> dict:
+    """GraVAC with probes every step: what the controller receives vs what each rank measured. ``clipping`` > 0:
+    local clipping at ``clipping/√N`` per tensor."""
     import ds_gravac
     model = M.make_model(width=128)
-    raw: dict[int, float] = collections.defaultdict(float)
+    raw: dict[int, list[float]] = collections.defaultdict(list)     # step -> ‖g‖² per tensor, float64
     current = {"step": 0}
     for p in model.parameters():   # registered before ds_gravac's hooks: the raw accumulated gradient
         p.register_post_accumulate_grad_hook(
-            lambda t: raw.__setitem__(current["step"], raw[current["step"]] + float(t.grad.double().square().sum())))
+            lambda t: raw[current["step"]].append(float(t.grad.double().square().sum())))
+    gravac = {**GRAVAC, "gain_denominator": "raw", "min_compress_numel": 5000}
+    extra = {"gradient_clipping": clipping} if clipping > 0.0 else {}
     engine, *_ = ds_gravac.initialize(model=model, model_parameters=model.parameters(), config=M.ds_config(
-        {**GRAVAC, "gain_denominator": "raw", "min_compress_numel": 5000}))
+        {**gravac, "local_clipping": clipping > 0.0}, **extra))
     handle = ds_gravac.get_handle(engine)
     seen = _observe_spy(handle)
     records = []
@@ -71,7 +74,20 @@ def test_dense_step_timing_subtracts_the_previous_steps_probe_time(timing: list)
 def test_raw_denominator_includes_dense_classified_tensors(timing: list) -> None:
     r0, r1 = timing
     for step, _, den_raw in r0["observed"]:
-        want = r0["raw"][step] + r1["raw"][step]          # ‖g‖² of every tensor of both ranks, float64
+        want = sum(r0["raw"][step]) + sum(r1["raw"][step])      # ‖g‖² of every tensor of both ranks, float64
+        assert den_raw == pytest.approx(want, rel=1e-5), step
+
+
+CLIPPING = 0.3      # each rank clips per tensor at 0.3/√2: some of this model's gradients are above it, some below
+
+
+def test_raw_denominator_counts_gradients_as_locally_clipped() -> None:
+    r0, r1 = run_ranks(_timing_job, 2, CLIPPING)
+    cap = CLIPPING ** 2 / 2
+    squares = [sq for r in (r0, r1) for step in r["raw"] for sq in r["raw"][step]]
+    assert any(sq > cap for sq in squares) and any(sq < cap for sq in squares)      # the cap matters here
+    for step, _, den_raw in r0["observed"]:
+        want = sum(min(sq, cap) for r in (r0, r1) for sq in r["raw"][step])
         assert den_raw == pytest.approx(want, rel=1e-5), step
 
 
