@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 
 import pytest
+import torch
 
 from ds_gravac.compress.acpsgd import ACPSGD
 from ds_gravac.compress.powersgd import PowerSGD
@@ -47,6 +49,32 @@ def test_config_sets_the_required_keys(path: str) -> None:
 DENSE_CONVOLUTIONS = {"vgg16_recommended.json", "vgg16_gravac_powersgd.json", "vgg16_gravac_acpsgd.json"}
 
 
+def _vgg16_shapes() -> list[tuple[str, tuple[int, ...]]]:
+    """VGG16-bn's parameter shapes as the runners build it (on the meta device: no memory, no init cost)."""
+    from runners.models import build_model
+    with torch.device("meta"):
+        model = build_model("vgg16")
+    return [(name, tuple(p.shape)) for name, p in model.named_parameters()]
+
+
+def _check_classifier_only(cfg: dict, gravac) -> None:
+    """What the file compresses on the runners' VGG16-bn is exactly its classifier matrices, each at a rank ≥ the
+    benchmark's global batch — the rank of their gradient, which PowerSGD then sends exactly."""
+    shapes = _vgg16_shapes()
+    compressed = [(name, shape) for name, shape in shapes if math.prod(shape) >= gravac.min_compress_numel]
+    assert compressed and all(name.startswith("classifier.") and len(shape) == 2 for name, shape in compressed)
+    assert all(math.prod(shape) < gravac.min_compress_numel for name, shape in shapes if name.startswith("features."))
+    global_batch = 2 * cfg["train_micro_batch_size_per_gpu"]   # the benchmark's 2 ranks
+    comp = {"powersgd": PowerSGD, "acpsgd": ACPSGD}[gravac.compressor.type]()
+    comp.bind_levels("cf", 2.0)                 # the compressor's own CF -> rank mapping
+    for name, (n, m) in compressed:
+        if gravac.mode == "static":
+            rank = min(gravac.compressor.params["rank"], n, m)
+        else:   # GraVAC's first candidate, 2·θ_min
+            rank = comp.rank_for(n, m, 2 * gravac.theta_min)
+        assert rank >= global_batch, (name, rank)
+
+
 @pytest.mark.parametrize("path", [p for p in CONFIGS if os.path.basename(p) != "minimal_topk.json"],
                          ids=[i for i in IDS if i != "minimal_topk.json"])
 def test_runner_config_conventions(path: str) -> None:
@@ -60,16 +88,10 @@ def test_runner_config_conventions(path: str) -> None:
         assert gravac.min_compress_numel == 0, "DGC applies momentum itself: every tensor must be compressed"
         assert gravac.compressor.params["momentum"] == cfg["optimizer"]["params"]["momentum"]
     elif os.path.basename(path) in DENSE_CONVOLUTIONS:
-        # VGG16-bn's classifier matrices (16.8M and 103M values) get a gradient of rank <= the global batch, which
-        # PowerSGD recovers exactly at that rank; its convolutions (<= 2.36M values) go dense (docs/BENCHMARKS.md §5)
+        # VGG16-bn's classifier matrices get a gradient of rank <= the global batch, which PowerSGD recovers exactly
+        # at that rank; its convolutions (<= 2.36M values) go dense (docs/BENCHMARKS.md §5)
         assert gravac.min_compress_numel == 3_000_000
-        global_batch = 2 * cfg["train_micro_batch_size_per_gpu"]   # the benchmark's 2 ranks
-        if gravac.mode == "static":
-            assert gravac.compressor.params["rank"] >= global_batch
-        else:   # GraVAC's first candidate 2·θ_min still maps the 4096 × 4096 matrix to a rank >= the global batch
-            comp = {"powersgd": PowerSGD, "acpsgd": ACPSGD}[gravac.compressor.type]()
-            comp.bind_levels("cf", 2.0)                 # the compressor's own CF -> rank mapping
-            assert comp.rank_for(4096, 4096, 2 * gravac.theta_min) >= global_batch
+        _check_classifier_only(cfg, gravac)
     else:
         assert gravac.min_compress_numel == 16384
 
