@@ -45,6 +45,13 @@ def same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
+def overrides(compressor: Compressor, method: str) -> bool:
+    """Whether ``compressor`` replaces the base class's ``method``. The base ``commit_memory`` and ``dense_sent``
+    never read the gradient they are given, so the gradient is only formed for compressors that replace them (an
+    fp16/bf16 gradient, or one under a loss scale, costs a full fp32 copy per tensor)."""
+    return getattr(type(compressor), method) is not getattr(Compressor, method)
+
+
 class BucketMemory:
     """The slots and the scratch of one compressible bucket (see the module docstring)."""
 
@@ -122,7 +129,7 @@ class BucketMemory:
         if self.input_slot is None:
             return
         self.slots[self.input_slot], self.scratch = self.scratch, self.slots[self.input_slot]
-        if compressor.owns_state and payloads is not None:
+        if compressor.owns_state and payloads is not None and overrides(compressor, "commit_memory"):
             for i, m in enumerate(self.members):
                 ctxs[i].memory = self.member_memory(i)
                 compressor.commit_memory(self.grad(m), payloads[i], ctxs[i])
@@ -130,9 +137,13 @@ class BucketMemory:
     def commit_dense(self, compressor: Compressor, ctxs: Sequence[CompressCtx]) -> None:
         """The step was agreed finite and this bucket's compensated input went out dense."""
         if compressor.owns_state:
+            reads_gradient = overrides(compressor, "dense_sent")
             for i, m in enumerate(self.members):
                 ctxs[i].memory = self.member_memory(i)
-                compressor.dense_sent(self.grad(m), ctxs[i])
+                if reads_gradient:
+                    compressor.dense_sent(self.grad(m), ctxs[i])
+                else:                                   # the base rule: a dense send transmitted everything
+                    compressor.reset(ctxs[i])
         elif RESIDUAL in self.slots:
             self.slots[RESIDUAL].zero_()
 

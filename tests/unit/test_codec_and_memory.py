@@ -101,3 +101,29 @@ def test_end_step_drops_unused_levels_and_says_so() -> None:
     assert codec.end_step() is True                  # the 10x layout and the 40x probe buffer went away
     assert 0 < codec.nbytes() < held
     assert isinstance(release_freed_host_memory(), bool)
+
+
+@pytest.mark.parametrize("compressor", ["powersgd", "dgc"])
+def test_commits_form_the_fp32_gradient_only_for_compressors_that_read_it(compressor: str,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bf16 gradient becomes an fp32 copy whenever the memory hands it to the compressor. PowerSGD keeps no memory
+    besides its error (the base ``commit_memory`` and ``dense_sent``, which never read it), so its commits must not
+    form that copy; DGC updates its momentum from it, so its commits must."""
+    comp = lookup(compressor)()
+    bucket = Bucket(index=0, compressible=True, dtype=torch.bfloat16)
+    for i in range(2):
+        p = torch.nn.Parameter(torch.zeros(64, 32, dtype=torch.bfloat16))
+        p.grad = torch.randn(64, 32, generator=torch.Generator().manual_seed(i)).to(torch.bfloat16)
+        bucket.add(Member(index=i, name=f"t{i}", param=p, compressible=True))
+    mem = BucketMemory(bucket, comp.memory_slots, comp.input_slot)
+    ctxs = [CompressCtx(key=m.name, shape=tuple(m.param.shape), param=m.param) for m in bucket.members]
+    mem.stage(comp, ctxs, True)
+    formed: list[str] = []
+    original = BucketMemory.grad
+    monkeypatch.setattr(BucketMemory, "grad", lambda self, m: formed.append(m.name) or original(self, m))
+    mem.commit_dense(comp, ctxs)
+    assert formed == ([] if compressor == "powersgd" else ["t0", "t1"])
+    assert not any(bool(buf.any()) for name, buf in mem.slots.items() if name != "u"), "a dense send clears them"
+    if compressor == "powersgd":        # PowerSGD's error is its input slot: nothing else to commit
+        mem.commit_compressed(comp, [None, None], ctxs)
+        assert formed == []
