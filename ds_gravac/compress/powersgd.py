@@ -82,8 +82,10 @@ class PowerSGD(LowRankCompressor):
         self._step_ph[ctx.key] = pht
         torch.mm(pht, x.view(n, m), out=p2["q"].view(r, m))
 
-    def decompress_rounds(self, p1: Payload, p2: Payload, out: Tensor, scale: float, ctx: CompressCtx) -> None:
-        """``out = Ph·(scale·Q)ᵀ``; plain matrices: ``scale·Σ values``."""
+    def decompress_rounds(self, p1: Payload, p2: Optional[Payload], out: Tensor, scale: float,
+                          ctx: CompressCtx) -> None:
+        """``out = Ph·(scale·Q)ᵀ``; plain matrices: ``scale·Σ values`` (``p2`` None: no member of the bucket had a
+        second round)."""
         if "plain" in p1:
             torch.mul(p1["plain"], scale, out=out)
             return

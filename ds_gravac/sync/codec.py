@@ -228,7 +228,8 @@ class BucketCodec:
 
     def decode_rounds(self, lay: SendLayout, out: torch.Tensor, scale: float) -> None:
         """Two-round patterns: ``out = scale · D(Σ round 1, Σ round 2)`` per member."""
-        for i, (p1, p2) in enumerate(zip(lay.payloads, lay.round2_payloads)):
+        second = lay.round2_payloads or [None] * len(lay.payloads)    # every member plain: no second round
+        for i, (p1, p2) in enumerate(zip(lay.payloads, second)):
             self.comp.decompress_rounds(p1, p2, self.seg(out, i), scale, self.ctxs[i])
 
     def commit_aggregate(self, lay: Optional[SendLayout], out: torch.Tensor) -> None:
