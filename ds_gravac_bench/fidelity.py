@@ -76,10 +76,16 @@ def run(opts: argparse.Namespace) -> Path:
 
 
 def _family(section: Optional[dict[str, Any]]) -> str:
-    if not section or section.get("mode") == "dense":
+    """None is DeepSpeed's own path; a section's missing keys take the product's defaults (``{}`` is the default
+    section: static PowerSGD, low-rank)."""
+    from ds_gravac.config import parse_config
+
+    if section is None:
         return "dense"
-    comp = section.get("compressor", "topk")
-    name = comp if isinstance(comp, str) else comp.get("type", "topk")
+    cfg = parse_config(section)
+    if cfg.mode == "dense":
+        return "dense"
+    name = cfg.compressor.type
     if name in ("powersgd", "acpsgd"):
         return "low-rank"
     if name in ("fp16", "bf16", "onebit", "signsgd", "efsignsgd", "terngrad", "ternary", "qsgd", "tbq"):
