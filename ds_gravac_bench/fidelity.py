@@ -28,6 +28,7 @@ from typing import Any, Optional, Sequence
 
 from ds_gravac_bench.fidelity_output import markdown, plots
 from ds_gravac_bench.report import SKIP_STEPS, read_steps, smooth
+from ds_gravac_bench.systems import LOWRANK
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET_FRACTION = 0.75          # dense's smoothed loss at 75% of the budget is the target
@@ -86,7 +87,7 @@ def _family(section: Optional[dict[str, Any]]) -> str:
     if cfg.mode == "dense":
         return "dense"
     name = cfg.compressor.type
-    if name in ("powersgd", "acpsgd"):
+    if name in LOWRANK:
         return "low-rank"
     if name in ("fp16", "bf16", "onebit", "signsgd", "efsignsgd", "terngrad", "ternary", "qsgd", "tbq"):
         return "quantization"
