@@ -78,7 +78,7 @@ def run(opts: argparse.Namespace) -> Path:
 
 def _family(section: Optional[dict[str, Any]]) -> str:
     """None is DeepSpeed's own path; a section's missing keys take the product's defaults (``{}`` is the default
-    section: static PowerSGD, low-rank)."""
+    section, judged by the family of its compressor)."""
     from ds_gravac.config import parse_config
 
     if section is None:

@@ -49,6 +49,7 @@ COMPRESSED = {
                "window": 4, "omega": 0.0},
     "powersgd": {"mode": "static", "compressor": {"type": "powersgd", "params": {"rank": 2}}},
     "onebit": {"mode": "static", "compressor": "onebit"},
+    "default": {},      # the product's defaults: static QSGD over the parameter-server exchange
 }
 ULPS = {torch.float32: 8, torch.bfloat16: 2}
 ENGINE_COUNTERS = {"/replicated/step", "/local/global_steps"}     # copies of engine.global_steps, which counts

@@ -21,6 +21,11 @@ def test_every_gravac_section_is_a_valid_config() -> None:
             parse_config(spec.gravac)
 
 
+def test_the_default_system_runs_the_empty_section() -> None:
+    """``gv_default`` measures exactly what a user gets from ``"gravac": {}``, whatever the defaults become."""
+    assert system_matrix(30)["gv_default"].gravac == {}
+
+
 def test_powersgd_rows_run_both_ranks_through_the_runner_option() -> None:
     from pathlib import Path
 

@@ -11,12 +11,15 @@ from ds_gravac.sync.buckets import BucketPlan, classify
 
 
 def test_defaults_are_the_documented_ones() -> None:
-    """docs/configuration.md: an empty section is static PowerSGD at rank 16 (chosen by measurement); the GraVAC
-    keys keep the paper's values for "mode": "gravac"."""
+    """docs/configuration.md: an empty section is static QSGD with 8-bit codes (chosen by measurement); the
+    low-rank compressors default to rank 16; the GraVAC keys keep the paper's values for "mode": "gravac"."""
     from ds_gravac.compress.registry import lookup
 
     cfg = parse_config({})
-    assert (cfg.mode, cfg.compressor.type, cfg.compressor.params) == ("static", "powersgd", {})
+    assert (cfg.mode, cfg.compressor.type, cfg.compressor.params) == ("static", "qsgd", {})
+    qsgd = lookup("qsgd")()
+    assert (qsgd.params.levels, qsgd.params.bucket_size, qsgd.default_cf()) == (127, 128, 4.0)   # 8-bit codes
+    assert cfg.quantized_exchange == "auto"             # its own exchange: the parameter server (CaSync-PS)
     assert lookup("powersgd").Params().rank == 16 and lookup("acpsgd").Params().rank == 16
     assert (cfg.cf, cfg.theta_min, cfg.theta_max) == (100, 10, 1000)
     assert (cfg.epsilon, cfg.omega, cfg.window, cfg.refresh_steps, cfg.min_sent_steps) == (0.7, 0.01, 500, 20, 10)
