@@ -94,7 +94,7 @@ class GravacConfig(StrictModel):
     # general
     enabled: bool = True
     # defaults chosen by measurement (docs/BENCHMARKS.md §5): static QSGD (8-bit codes, parameter-server exchange)
-    # is the one setting measured within the accuracy bounds on every task (ResNet101, VGG16-bn, the LSTM, the MLP);
+    # is the setting measured within the accuracy bounds on every task (ResNet101, VGG16-bn, the LSTM, the MLP);
     # faster per-model settings are ds_configs/<model>_recommended.json; GraVAC stays one key away ("mode": "gravac")
     mode: Literal["gravac", "static", "accordion", "dense"] = "static"
     compressor: CompressorSpec = Field(default_factory=CompressorSpec)

@@ -55,7 +55,11 @@ def build_compressor(config: GravacConfig) -> Compressor:
     try:
         params = cls.Params.model_validate(config.compressor.params)
     except ValidationError as exc:
-        raise GravacConfigError(f"ds_gravac: invalid parameters for compressor '{config.compressor.type}': "
+        # the default type changed in 0.4 (powersgd -> qsgd): name it when the section never chose one
+        hint = ("" if "type" in config.compressor.model_fields_set else
+                f' (key "compressor.type" is not set, so it is the default \'{config.compressor.type}\'; set '
+                f'"type" to the compressor these parameters are for, e.g. "powersgd" for "rank")')
+        raise GravacConfigError(f"ds_gravac: invalid parameters for compressor '{config.compressor.type}'{hint}: "
                                 f"{exc}") from None
     comp = cls(params)
     if comp.level_kind == "rank":

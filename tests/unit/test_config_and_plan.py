@@ -26,6 +26,21 @@ def test_defaults_are_the_documented_ones() -> None:
     assert (cfg.bucket_cap_mb, cfg.min_compress_numel, cfg.overlap, cfg.bulk) == (25, 0, True, True)
 
 
+def test_parameters_without_a_type_name_the_default_they_were_checked_against() -> None:
+    """A version-0.3 section that relied on the PowerSGD default (``{"compressor": {"params": {"rank": 8}}}``) now
+    meets QSGD's parameters; the error says the type was defaulted and which key to set."""
+    from ds_gravac.integration.engine import build_compressor
+
+    with pytest.raises(GravacConfigError) as info:
+        build_compressor(parse_config({"compressor": {"params": {"rank": 8}}}))
+    assert "invalid parameters for compressor 'qsgd' (key \"compressor.type\" is not set" in str(info.value)
+    assert '"powersgd" for "rank"' in str(info.value) and "\nrank\n" in str(info.value)   # pydantic names the key
+    with pytest.raises(GravacConfigError) as info:
+        build_compressor(parse_config({"compressor": {"type": "qsgd", "params": {"rank": 8}}}))
+    assert "is not set" not in str(info.value)
+    build_compressor(parse_config({"compressor": {"type": "powersgd", "params": {"rank": 8}}}))
+
+
 def test_bare_compressor_name_and_auto_values() -> None:
     cfg = parse_config({"compressor": "dgc", "cf": "auto", "accordion": {"eta": "auto"}})
     assert cfg.compressor.type == "dgc" and cfg.compressor.params == {}
