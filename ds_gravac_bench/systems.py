@@ -54,7 +54,7 @@ def system_matrix(steps: int, epsilon: float = 0.7, theta_min: float = 10.0) -> 
         COMPUTE_ONLY_ENGINE,
         SystemSpec("ds_dense", "deepspeed", None, "DeepSpeed's own all-reduce (after backward)"),
         SystemSpec("gv_dense", "gravac", {"mode": "dense"}, "ds_gravac dense: bucketed, overlapped"),
-        SystemSpec("gv_default", "gravac", {}, "the product's defaults (\"gravac\": {}): static QSGD, 8-bit codes"),
+        SystemSpec("gv_default", "gravac", {}, "the product's defaults (\"gravac\": {}), whatever they are"),
         SystemSpec("ddp_dense", "ddp", None, "PyTorch DDP, 25 MB buckets"),
         SystemSpec("ddp_powersgd", "ddp_powersgd", None, "DDP + powerSGD_hook rank 4 (bucket-serialized)",
                    ("--powersgd-rank", "4")),
