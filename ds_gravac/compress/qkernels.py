@@ -14,7 +14,8 @@ Why these operations (each measured against its alternatives on CPU):
 * codes narrower than a byte are packed by one matrix-vector product per half-word (:func:`pack_float_codes`);
 * decoding gathers whole groups of decoded values at once (:class:`TableDecoder`), or, for QSGD's per-block
   scale, unpacks and scales in place (:class:`AffineDecoder`); both reproduce the elementwise decode bit for bit;
-* stochastic rounding draws with :func:`uniform_`: the generator's own stream at 60% of ``torch.rand``'s cost.
+* stochastic rounding draws with :func:`uniform_` (the generator's own stream at 60% of ``torch.rand``'s cost) or,
+  for QSGD, :func:`dither_` (15-bit draws, a quarter of its cost).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from . import bitpack
 Tensor = torch.Tensor
 CHUNK = 1 << 18            # elements per block: 1 MiB of fp32, a few such buffers stay in the 1 MiB L2 and L3
 MASK24 = 0x00FFFFFF00FFFFFF
+MASK15 = 0x7FFF7FFF7FFF7FFF
 DecodeMode = str           # "set": out = v; "zero": out = 0 + v (what zero_() then += gives); "add": out += v
 
 
@@ -113,6 +115,23 @@ def uniform_(gen: torch.Generator, out: Tensor, ws: Workspace) -> Tensor:
     if m > 2 * h:
         torch.rand(1, generator=gen, out=out[2 * h:])
     return out
+
+
+def dither_(gen: torch.Generator, out: Tensor, offset: float, ws: Workspace) -> Tensor:
+    """Fill the fp32 ``out`` with ``offset + (k + ½)·2^-15``, ``k`` uniform on ``[0, 2^15)`` from ``gen``: the
+    dither of stochastic rounding, ``floor(v + u)``, on a 2^-15 grid (bias at most 2^-16 of a level — below
+    what an fp32 sum ``v + u`` keeps of ``u`` once ``|v| ≥ 128``), with ``offset`` folded in for free.
+
+    One int64 ``random_`` yields four 15-bit draws (each 16-bit lane masked to 15 bits: the generator's int64
+    never sets the top bit, so a whole-lane draw would not be uniform), a quarter of ``torch.rand``'s cost per
+    value on CPU. Elsewhere it is ``torch.rand`` itself, shifted by ``offset``."""
+    m = out.numel()
+    if out.device.type != "cpu":
+        return torch.rand(m, generator=gen, out=out).add_(offset)
+    w = ws.get("rng15", -(-m // 4), torch.int64, out.device)
+    w.random_(generator=gen).bitwise_and_(MASK15)
+    base = ws.get("rng15_base", 1, torch.float32, out.device).fill_(offset + 2.0 ** -16)
+    return torch.add(base, w.view(torch.int16)[:m], alpha=2.0 ** -15, out=out)
 
 
 # ---- packing ---------------------------------------------------------------------------------------------
@@ -253,6 +272,19 @@ def _scale(v: Tensor, factor: Tensor, zero: bool) -> None:
         v.add_(0.0)
 
 
+def decoded_sq_norm(decoder: Decoder, src: Tensor, count: int, ws: Workspace) -> Tensor:
+    """``‖D(p)‖²`` of one payload as a 0-d float64 tensor, block by block: each block is decoded into scratch and
+    its squares are summed in float64 (exact per term), so no decoded copy of the partition is ever formed."""
+    total = torch.zeros((), dtype=torch.float64, device=src.device)
+    for lo, hi in spans(count, chunk_size(decoder.block or 1)):
+        vals = ws.get("sq_vals", hi - lo, torch.float32, src.device)
+        decoder.write(src, lo, hi - lo, vals, False, ws)
+        d = ws.get("sq_f64", hi - lo, torch.float64, src.device)
+        d.copy_(vals)
+        total.add_(torch.dot(d, d))
+    return total
+
+
 def decode_sum(decoders: Sequence[Decoder], rows: Sequence[Tensor], count: int, out: Tensor, mode: DecodeMode,
                ws: Workspace, residual: Optional[Tensor] = None) -> None:
     """``out (=|= 0 +|+=) Σ_w D_w (+ residual)`` over ``count`` elements, block by block, in row order:
@@ -278,5 +310,5 @@ def decode_sum(decoders: Sequence[Decoder], rows: Sequence[Tensor], count: int, 
             oc.add_(residual[lo:hi])
 
 
-__all__ = ["CHUNK", "Workspace", "chunk_size", "spans", "sum64", "std64", "uniform_", "pack_float_codes",
-           "encode_blocks", "unpack_block", "Decoder", "TableDecoder", "AffineDecoder", "decode_sum"]
+__all__ = ["CHUNK", "Workspace", "chunk_size", "spans", "sum64", "std64", "uniform_", "dither_", "pack_float_codes",
+           "encode_blocks", "unpack_block", "Decoder", "TableDecoder", "AffineDecoder", "decoded_sq_norm", "decode_sum"]

@@ -1,15 +1,21 @@
 """``qsgd``: stochastic quantization to ``s`` levels per block of ``B`` elements (QSGD).
 
 The partition is cut into blocks of ``bucket_size`` B (a quantization block, unrelated to communication
-buckets; the last block is zero-padded). Per block ``ν = ‖x_B‖₂``, ``ℓ_i = s·|x_i|/ν`` and
-``q_i = floor(ℓ_i) + Bernoulli(ℓ_i − floor ℓ_i)`` (rank-local stream), code ``sign(x_i)·q_i ∈ [−s, s]``; ``ν = 0``
-gives zero codes. Decode ``ν·code/s``: unbiased, with ``E‖D − x_B‖² ≤ min(B/s², √B/s)·‖x_B‖²``. Wire: ``norms:
-fp32[ceil(L/B)]`` + codes in offset binary (``code + s``) at the smallest width ``w ∈ {2, 4, 8, 16}`` with
-``2^w ≥ 2s + 1``. The level picks s: θ ∈ {16, 8, 4} ↔ s ∈ {1, 7, 127} (w = 2, 4, 8); the ``levels`` parameter is
-the default level.
+buckets; the last block is zero-padded). Per block ``ν = ‖x_B‖₂`` and ``v_i = s·x_i/ν ∈ [−s, s]``; the code is
+``⌊v_i + u_i⌋ ∈ [−s, s]`` with ``u_i`` uniform on ``[0, 1)`` (rank-local stream), i.e. ``v_i`` rounded to a
+neighbouring integer with probability its distance to the other one — the paper's ``sign(x_i)·(⌊|v_i|⌋ +
+Bernoulli(frac))`` in distribution, without separating sign and magnitude; ``ν = 0`` gives zero codes. Decode
+``ν·code/s``: unbiased, with ``E‖D − x_B‖² ≤ min(B/s², √B/s)·‖x_B‖²``. Wire: ``norms: fp32[ceil(L/B)]`` + codes
+in offset binary (``code + s``) at the smallest width ``w ∈ {2, 4, 8, 16}`` with ``2^w ≥ 2s + 1``. The level
+picks s: θ ∈ {16, 8, 4} ↔ s ∈ {1, 7, 127} (w = 2, 4, 8); the ``levels`` parameter is the default level.
 
-Norms are computed overflow-free (scaled by the block max), stored in fp32 (clamped to its maximum) and the
-stored value is what both encoder and decoder use, so ``|D_i − x_i| ≤ ν/s`` holds for the sent ν.
+Cost. The draws are 15-bit (:func:`~ds_gravac.compress.qkernels.dither_`: a bias of at most 2^-16 of a level,
+below the resolution an fp32 ``v + u`` keeps near ``|v| = 127``), and the encode is five passes over a block in
+cache: the norms, ``s + x·s/ν + u``, floor, the pins, the packing.
+
+Norms are computed in one fp32 pass, rescaled by the block max where the squares would overflow or underflow,
+stored in fp32 (clamped to its maximum), and the stored value is what both encoder and decoder use, so
+``|D_i − x_i| ≤ ν/s`` holds for the sent ν.
 """
 from __future__ import annotations
 
@@ -20,7 +26,7 @@ from pydantic import Field
 
 from . import bitpack
 from .base import CompressCtx, CompressorParams, Payload, Section, TensorPlan
-from .qkernels import AffineDecoder, chunk_size, encode_blocks
+from .qkernels import AffineDecoder, chunk_size, dither_, encode_blocks
 from .quantize import FP32_MAX, STREAM_QSGD, Quantizer, ceil_div
 
 Tensor = torch.Tensor
@@ -68,8 +74,7 @@ class QSGD(Quantizer):
         gen = self.stream(x, ctx, STREAM_QSGD, server)
         step = chunk_size(b)
         span = min(step, ceil_div(n, b) * b)
-        pad, mag, val, neg = (self.ws.get(name, span, x.dtype, x.device)
-                              for name in ("qs_pad", "qs_mag", "qs_val", "qs_neg"))
+        pad, val = (self.ws.get(name, span, x.dtype, x.device) for name in ("qs_pad", "qs_val"))
 
         def codes(lo: int, hi: int) -> Tensor:
             m, r0 = hi - lo, lo // b
@@ -80,15 +85,13 @@ class QSGD(Quantizer):
                 xr[:m].copy_(x[lo:hi])
                 xr[m:].zero_()
             xr = xr.view(r, b)
-            a = torch.abs(xr, out=mag[:r * b].view(r, b))
-            norms[r0:r0 + r].copy_(rows_norm(xr, a, val[:r * b].view(r, b)).clamp_(max=FP32_MAX))
-            nu = norms[r0:r0 + r].to(x.dtype)[:, None]      # the stored values, as the decoder sees them
-            nu = torch.where(nu > 0, nu, float("nan"))      # an empty block: NaN levels, sent as code 0
-            u = self.draws(gen, r * b, x.device).view(r, b)
-            q = torch.addcdiv(u, a, nu, value=s, out=val[:r * b].view(r, b)).floor_()   # ⌊|x|·s/ν + u⌋
-            q.nan_to_num_(0.0).clamp_(0, s)
-            code = torch.addcmul(q, q, torch.lt(xr, 0, out=neg[:r * b].view(r, b)), value=-2, out=q)   # ±q
-            return code.add_(s).view(-1)[:m]                # offset binary
+            nu = norms[r0:r0 + r]
+            nu.copy_(block_norms(xr).clamp_(max=FP32_MAX))
+            nu = nu.to(x.dtype)[:, None]                     # the stored values, as the decoder sees them
+            u = dither_(gen, self.ws.get("qs_u", r * b, torch.float32, x.device), s, self.ws).view(r, b)
+            q = torch.addcdiv(u, xr, nu, value=s, out=val[:r * b].view(r, b)).floor_()   # s + ⌊x·s/ν + u⌋
+            q.nan_to_num_(nan=s, posinf=2 * s, neginf=0).clamp_(0, 2 * s)   # an empty block (0/0): code s
+            return q.view(-1)[:m]                           # offset binary
 
         encode_blocks(n, plan.get("width"), out["codes"], step, codes, self.ws)
 
@@ -99,12 +102,22 @@ class QSGD(Quantizer):
                              block=self.params.bucket_size)
 
 
-def rows_norm(rows: Tensor, mag: Tensor, work: Tensor) -> Tensor:
-    """Euclidean norm of each row without overflow or underflow of the squares (scaled by the row's max |x|);
-    ``mag`` holds ``|rows|``, ``work`` is scratch of the same shape."""
-    m = mag.amax(dim=1)
-    unit = torch.where(m > 0, m, torch.ones_like(m))
-    return m * torch.linalg.vector_norm(torch.div(rows, unit[:, None], out=work), dim=1)
+def block_norms(rows: Tensor) -> Tensor:
+    """Euclidean norm of each row. One fp32 pass where the squares neither overflow nor underflow; the rows whose
+    norm falls outside ``[2^-60, 2^60]`` (zero, tiny, huge or non-finite) are recomputed scaled by their max |x|."""
+    nu = torch.linalg.vector_norm(rows, dim=1)
+    odd = torch.logical_not((nu >= SAFE_LO) & (nu <= SAFE_HI))
+    if bool(odd.any()):
+        idx = odd.nonzero().view(-1)
+        sub = rows.index_select(0, idx)
+        mag = sub.abs()
+        m = mag.amax(dim=1)
+        unit = torch.where(m > 0, m, torch.ones_like(m))
+        nu.index_copy_(0, idx, m * torch.linalg.vector_norm(sub.div_(unit[:, None]), dim=1))
+    return nu
+
+
+SAFE_LO, SAFE_HI = 2.0 ** -60, 2.0 ** 60
 
 
 __all__ = ["QSGD", "QSGDParams", "code_width", "LEVELS_FOR_CF"]

@@ -170,6 +170,12 @@ class Quantizer(Compressor):
                    ctx: Optional[CompressCtx] = None) -> None:
         self.decode_sum([p], out, scale, "add" if accumulate else "set")
 
+    def sent_sq_norm(self, p: Payload, ctx: Optional[CompressCtx] = None) -> Tensor:
+        """``‖D(p)‖²`` block by block (the gain numerator, measured every logged step in static mode too): the
+        generic decode into a fresh partition-sized tensor and its float64 copy cost twice a whole encode."""
+        return qkernels.decoded_sq_norm(self.decoder(p, torch.float32, 1.0), p[self.CODES].view(torch.uint8),
+                                        p.plan.numel, self.ws)
+
     def merge_decode(self, payloads: Sequence[Payload], y: Tensor, ctx: CompressCtx,
                      server_residual: Optional[Tensor] = None) -> None:
         """The owner's merge: ``y = (1/N)·Σ_w D(p_w) (+ s)``, ``N = len(payloads)``, in one sweep."""

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import copy
 
+import math
+
 import pytest
 import torch
 
 from ds_gravac.compress import bitpack, qkernels
 from ds_gravac.compress.base import CompressCtx, Payload
-from ds_gravac.compress.qkernels import AffineDecoder, TableDecoder, Workspace, decode_sum, uniform_
+from ds_gravac.compress.qkernels import AffineDecoder, TableDecoder, Workspace, decode_sum, dither_, uniform_
 from ds_gravac.compress.registry import lookup
 
 WIDTHS = (1, 2, 4, 8)
@@ -41,6 +43,29 @@ def test_uniform_is_torch_rand_with_neighbours_swapped(n: int) -> None:
     assert torch.equal(got, swapped)
     assert torch.equal(gen.get_state(), after), "the generator advances exactly as torch.rand would"
     assert bool(((got >= 0) & (got < 1)).all())
+
+
+def test_dither_is_uniform_on_its_grid_in_every_lane_and_continues_its_stream() -> None:
+    """15-bit draws ``offset + (k + ½)/2^15``: on the grid, inside ``[offset, offset + 1)``, uniform in each of the
+    four positions an int64 draw is cut into (the generator's int64 never sets its top bit: an unmasked top lane
+    would only reach half the range), and two calls continue one stream."""
+    n, offset = 1 << 20, 7.0
+    gen = torch.Generator().manual_seed(3)
+    u = dither_(gen, torch.empty(n), offset, Workspace()).double() - offset
+    k = u * 2 ** 15 - 0.5
+    assert torch.equal(k, k.round()) and float(k.min()) >= 0 and float(k.max()) <= 2 ** 15 - 1
+    for lane in range(4):
+        part = u[lane::4]
+        assert abs(float(part.mean()) - 0.5) < 5 * math.sqrt(1 / 12 / part.numel()), lane
+        counts = torch.histc(part, bins=16, min=0.0, max=1.0)
+        expect = part.numel() / 16
+        assert float(((counts - expect) ** 2 / expect).sum()) < 40.0, lane    # χ²(15): p ≈ 5e-4
+    gen.manual_seed(9)
+    whole = dither_(gen, torch.empty(1000), 0.0, Workspace())
+    gen.manual_seed(9)
+    parts = torch.cat([dither_(gen, torch.empty(400), 0.0, Workspace()), dither_(gen, torch.empty(600), 0.0,
+                                                                                   Workspace())])
+    assert torch.equal(whole, parts)
 
 
 @pytest.mark.parametrize("bits", WIDTHS)

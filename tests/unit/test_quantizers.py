@@ -240,6 +240,23 @@ def test_deterministic_codecs_reencode_like_workers(name: str) -> None:
     assert torch.equal(q.words, encode(comp, x, theta, ctx_for(comp, 500, rank=2, step=9)).words)
 
 
+@pytest.mark.parametrize("variant", VARIANTS, ids=IDS)
+def test_sent_sq_norm_is_the_float64_energy_of_the_decode(variant) -> None:
+    """The gain numerator, whatever shortcut a codec takes, equals ``Σ D(p)²`` of its own decode summed in float64
+    — across more than one of the block kernels' 2^18-element blocks and with a partial last block."""
+    name, params = variant
+    for n in (1, 129, 600_001):
+        comp = make(name, **params)
+        x = laplace(n, seed=n, scale=3.0)
+        for theta in levels(comp):
+            ctx = ctx_for(comp, n, world_size=2)
+            p = encode(comp, x, theta, ctx)
+            got = comp.sent_sq_norm(p, ctx)
+            assert got.dtype == torch.float64 and got.dim() == 0
+            ref = float(decode(comp, p, ctx).double().square().sum())
+            assert float(got) == pytest.approx(ref, rel=1e-12), (n, theta)
+
+
 # ---- edge inputs -----------------------------------------------------------------------------------------
 def edge_inputs(n: int) -> dict[str, torch.Tensor]:
     one = torch.zeros(n)
@@ -574,6 +591,19 @@ def test_qsgd_codes_bounds_unbiasedness_and_variance(levels_: int, bucket: int) 
     assert bool(((acc / steps - x.double()).abs() <= 5 * sd / math.sqrt(steps) + 1e-12).all())
     bound = min(bucket / levels_ ** 2, math.sqrt(bucket) / levels_) * nu ** 2
     assert bool((sq_err / steps <= bound * 1.1 + 1e-12).all())
+
+
+@pytest.mark.parametrize("scale", [0.0, 1e-30, 1e-20, 1.0, 1e18, 1e30])
+def test_qsgd_block_norms_at_every_scale(scale: float) -> None:
+    """The fp32 fast pass and its rescaled fallback (squares that underflow or overflow) both give the block
+    norms of a float64 reference; an all-zero block gives 0, the blocks beside it are unaffected."""
+    comp, n = make("qsgd"), 1024
+    x = laplace(n, seed=8) * scale
+    x[256:384] = 0.0
+    p = encode(comp, x, 4.0, ctx_for(comp, n))
+    ref = block_norms(x, 128)
+    assert float(p["norms"][2]) == 0.0
+    assert torch.allclose(p["norms"].double(), ref, rtol=1e-6, atol=0.0)
 
 
 def test_qsgd_variance_bound_is_tight_enough_to_matter() -> None:
