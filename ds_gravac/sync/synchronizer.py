@@ -68,7 +68,7 @@ class Synchronizer:
         enabled = config.mode != "dense" and compressor.name != "none"
         self.members: list[Member] = classify(named, compressor.accepts, config.min_compress_numel, enabled)
         self.numel_total = sum(m.numel for m in self.members)
-        self.pattern = payload_exchange(compressor, config.quantized_exchange)
+        self.pattern = payload_exchange(compressor, config.quantized_exchange, channels.world_size)
         self.memory = ErrorFeedbackMemory(compressor, config.error_feedback)
         self.update_space = UpdateSpace(engine, compressor, self.members)   # EF-signSGD: γ in, Δ/γ out
         self.partitioned = compressor.kind == Kind.QUANTIZED    # payloads per bucket partition, not per member

@@ -209,6 +209,22 @@ def test_without_fits_the_threshold_rules_apply() -> None:
     assert math.isnan(sel.choose(codec, (10.0,)).pred_dense_s) and sel.version == 0
 
 
+def test_auto_gathers_at_two_ranks_when_the_owner_would_only_reround() -> None:
+    """Under the threshold rules ``"auto"`` keeps the parameter server, except with two ranks for quantizers whose
+    owners average and keep no server residual (the same bytes per rank, one round and one rounding fewer);
+    voting owners, server residuals and an explicit ``"ps"`` keep it."""
+    from ds_gravac.compress.qsgd import QSGD, QSGDParams
+    from ds_gravac.compress.terngrad import TernGrad
+    from ds_gravac.sync.exchange import exchange_name
+    assert exchange_name(QSGD(), "auto", 2) == "allgather" and exchange_name(TernGrad(), "auto", 2) == "allgather"
+    for world in (0, 1, 3, 4):
+        assert exchange_name(QSGD(), "auto", world) == "casync_ps", world
+    assert exchange_name(QSGD(), "ps", 2) == "casync_ps"
+    assert exchange_name(QSGD(QSGDParams(error_feedback=True)), "auto", 2) == "casync_ps"    # a server residual
+    assert exchange_name(OneBit(), "auto", 2) == "casync_ps" and exchange_name(SignSGD(), "auto", 2) == "casync_ps"
+    assert exchange_name(TopK(), "auto", 2) == "allgather" and exchange_name(OneBit(), "allgather", 3) == "allgather"
+
+
 def test_quantizers_with_auto_choose_their_exchange() -> None:
     comp = OneBit()
     assert exchange_candidates("auto", comp) == ("casync_ps", "allgather")

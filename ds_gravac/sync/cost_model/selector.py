@@ -14,10 +14,9 @@ from __future__ import annotations
 from typing import Any, Iterator, Optional
 
 from ...compress.base import Compressor, Kind
-from ...compress.quantize import Quantizer
 from ...config import GravacConfig
 from ...errors import GravacUnsupportedError
-from ..exchange import chunk_counts, chunk_spans, exchange_name
+from ..exchange import chunk_counts, chunk_spans, exchange_name, owners_average
 from ..reduce_rule import ReduceRule
 from ..selection import Choice, ThresholdSelector
 from .fits import FitTable
@@ -27,9 +26,8 @@ from .predict import CHUNKED, PRICED, compressed_time, dense_time
 def exchange_candidates(quantized_exchange: str, compressor: Compressor) -> tuple[str, ...]:
     """Patterns the cost model may choose between for this compressor (the first is its own)."""
     own = exchange_name(compressor, quantized_exchange)
-    averaging = type(compressor).merge_decode is Quantizer.merge_decode if isinstance(compressor, Quantizer) \
-        else False
-    if compressor.kind == Kind.QUANTIZED and quantized_exchange == "auto" and own == "casync_ps" and averaging:
+    if compressor.kind == Kind.QUANTIZED and quantized_exchange == "auto" and own == "casync_ps" \
+            and owners_average(compressor):
         return (own, "allgather")
     return (own,)
 
