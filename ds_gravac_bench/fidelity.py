@@ -28,7 +28,6 @@ from typing import Any, Optional, Sequence
 
 from ds_gravac_bench.fidelity_output import markdown, plots
 from ds_gravac_bench.report import SKIP_STEPS, read_steps, smooth
-from ds_gravac_bench.systems import LOWRANK
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET_FRACTION = 0.75          # dense's smoothed loss at 75% of the budget is the target
@@ -79,6 +78,7 @@ def run(opts: argparse.Namespace) -> Path:
 def _family(section: Optional[dict[str, Any]]) -> str:
     """None is DeepSpeed's own path; a section's missing keys take the product's defaults (``{}`` is the default
     section, judged by the family of its compressor)."""
+    from ds_gravac.compress.registry import lookup
     from ds_gravac.config import parse_config
 
     if section is None:
@@ -86,12 +86,21 @@ def _family(section: Optional[dict[str, Any]]) -> str:
     cfg = parse_config(section)
     if cfg.mode == "dense":
         return "dense"
-    name = cfg.compressor.type
-    if name in LOWRANK:
+    return compressor_family(lookup(cfg.compressor.type))
+
+
+def compressor_family(cls: type) -> str:
+    """The family a compressor class belongs to, from its class rather than from a list of names (plug-ins
+    included): low-rank factors, quantized or half-precision values, else a selection of values."""
+    from ds_gravac.compress.base import Kind
+    from ds_gravac.compress.cast import HalfCast
+    from ds_gravac.compress.lowrank_base import LowRankCompressor
+
+    if issubclass(cls, LowRankCompressor):
         return "low-rank"
-    if name in ("fp16", "bf16", "onebit", "signsgd", "efsignsgd", "terngrad", "ternary", "qsgd", "tbq"):
+    if cls.kind == Kind.QUANTIZED or issubclass(cls, HalfCast):
         return "quantization"
-    return "sparsification"
+    return "sparsification"                  # selections: all-gathered pairs, or Random-k's shared indices
 
 
 def _curve(records: list[dict[str, Any]]) -> dict[str, Any]:

@@ -204,3 +204,16 @@ def test_a_cluster_run_of_the_same_section_under_another_id_gives_the_time(tmp_p
         "gv_topk_100": {"loss": DENSE[:20], "time": 0.5, "bytes": 10.0, "gravac": STATIC}})
     row = next(r for r in build(loop, {"1gbit": cluster})["systems"] if r["id"] == "mlp_recommended")
     assert row["rates"]["1gbit"]["step_s"] == 0.5 and row["rates"]["1gbit"]["speedup"] == pytest.approx(4.0)
+
+
+def test_every_builtin_compressor_has_its_family() -> None:
+    """The report's family of each built-in compressor, against a table written from the papers' taxonomy."""
+    from ds_gravac.compress.registry import BUILTINS, lookup
+    from ds_gravac_bench.fidelity import compressor_family
+
+    families = {"low-rank": {"powersgd", "acpsgd"},
+                "quantization": {"fp16", "bf16", "onebit", "signsgd", "efsignsgd", "terngrad", "ternary", "qsgd",
+                                 "tbq"}}
+    for name in BUILTINS:
+        want = next((f for f, names in families.items() if name in names), "sparsification")
+        assert compressor_family(lookup(name)) == want, name
