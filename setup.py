@@ -3,7 +3,7 @@ from setuptools import find_packages, setup
 
 setup(
     name="ds_gravac",
-    version="0.4.0",
+    version="0.4.1",
     description="Compressed gradient synchronization for DeepSpeed: GraVAC adaptive compression, Accordion, "
                 "static Top-k/DGC/RedSync/SIDCo/Random-k",
     long_description=open("README.md", encoding="utf-8").read(),
