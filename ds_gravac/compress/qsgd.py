@@ -104,7 +104,8 @@ class QSGD(Quantizer):
 
 def block_norms(rows: Tensor) -> Tensor:
     """Euclidean norm of each row. One fp32 pass where the squares neither overflow nor underflow; the rows whose
-    norm falls outside ``[2^-60, 2^60]`` (zero, tiny, huge or non-finite) are recomputed scaled by their max |x|."""
+    norm falls outside ``[2^-60, 2^60]`` (zero, tiny, huge or non-finite) are recomputed scaled by their max |x|
+    (whether any is, is one host synchronization per block on an accelerator)."""
     nu = torch.linalg.vector_norm(rows, dim=1)
     odd = torch.logical_not((nu >= SAFE_LO) & (nu <= SAFE_HI))
     if bool(odd.any()):

@@ -171,8 +171,9 @@ class Quantizer(Compressor):
         self.decode_sum([p], out, scale, "add" if accumulate else "set")
 
     def sent_sq_norm(self, p: Payload, ctx: Optional[CompressCtx] = None) -> Tensor:
-        """``‖D(p)‖²`` block by block (the gain numerator, measured every logged step in static mode too): the
-        generic decode into a fresh partition-sized tensor and its float64 copy cost twice a whole encode."""
+        """``‖D(p)‖²`` block by block (the gain numerator, which ``static`` mode measures every step too unless
+        ``log_interval`` is 0): the generic decode into a fresh partition-sized tensor and its float64 copy cost
+        twice a whole encode."""
         return qkernels.decoded_sq_norm(self.decoder(p, torch.float32, 1.0), p[self.CODES].view(torch.uint8),
                                         p.plan.numel, self.ws)
 
