@@ -72,7 +72,8 @@ def _training(rank: int, world: int) -> dict:
         M.train(engine, rank, 5)
         st = engine._ds_gravac_handle.last_stats()
         out[name] = {"params": M.params_of(engine), "branch": st["branch"], "bytes": st["bytes_sent"],
-                     "dense": st["dense_bytes"], "cf": st["cf_sent"]}
+                     "dense": st["dense_bytes"], "cf": st["cf_sent"],
+                     "pattern": engine._ds_gravac_handle.sync.pattern.__name__}
     engine = _engine({**BASE, "compressor": {"type": "tbq", "params": {"tau": 0.002}}}, world)
     M.train(engine, rank, 5)                      # a threshold the gradients reach: codes other than "stay"
     out["tbq/moving"] = {"params": M.params_of(engine), "branch": engine._ds_gravac_handle.last_stats()["branch"]}
@@ -180,6 +181,19 @@ def test_replicas_identical_after_training(run: tuple, name: str) -> None:
             assert torch.equal(value, other["training"][name]["params"][key]), key
     if "bytes" in ref:                   # headers (scales, norms) add a little to 1/CF of the dense bytes
         assert ref["bytes"] < 1.1 * ref["dense"] / ref["cf"], (ref["bytes"], ref["dense"], ref["cf"])
+
+
+def test_auto_exchange_gathers_at_two_ranks_only_where_the_owner_would_only_reround(run: tuple) -> None:
+    """``quantized_exchange: "auto"`` as the synchronizer resolves it with the real world size: the all-gather at
+    two ranks for the averaging quantizers without a server residual, the parameter server otherwise."""
+    world, results = run
+    training = results[0]["training"]
+    for name in WIRED:
+        rerounds_only = name in ("terngrad", "ternary", "qsgd")
+        want = "PayloadAllGather" if world == 2 and rerounds_only else "CaSyncPS"
+        if name in ("fp16", "bf16"):
+            want = "HalfAllReduce"                   # summable casts: one all-reduce in the half dtype
+        assert training[name]["pattern"] == want, (world, name)
 
 
 def test_static_level_defaults_to_the_compressors_cf(run: tuple) -> None:
