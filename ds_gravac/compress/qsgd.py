@@ -111,8 +111,7 @@ def block_norms(rows: Tensor) -> Tensor:
     if bool(odd.any()):
         idx = odd.nonzero().view(-1)
         sub = rows.index_select(0, idx)
-        mag = sub.abs()
-        m = mag.amax(dim=1)
+        m = sub.abs().amax(dim=1)
         unit = torch.where(m > 0, m, torch.ones_like(m))
         nu.index_copy_(0, idx, m * torch.linalg.vector_norm(sub.div_(unit[:, None]), dim=1))
     return nu
