@@ -93,9 +93,10 @@ class DebugConfig(StrictModel):
 class GravacConfig(StrictModel):
     # general
     enabled: bool = True
-    # defaults chosen by measurement (docs/BENCHMARKS.md §5): static QSGD (8-bit codes, parameter-server exchange)
-    # is the setting measured within the accuracy bounds on every task (ResNet101, VGG16-bn, the LSTM, the MLP);
-    # faster per-model settings are ds_configs/<model>_recommended.json; GraVAC stays one key away ("mode": "gravac")
+    # defaults chosen by measurement (docs/BENCHMARKS.md §5): static QSGD, 8-bit codes ("quantized_exchange":
+    # "auto": all-gathered with two ranks, parameter-server exchange with more), measured within the accuracy
+    # bounds on ResNet101, the LSTM and the MLP, and on VGG16-bn within top-1 but not loss at 150 steps; faster
+    # per-model settings are ds_configs/<model>_recommended.json; GraVAC stays one key away ("mode": "gravac")
     mode: Literal["gravac", "static", "accordion", "dense"] = "static"
     compressor: CompressorSpec = Field(default_factory=CompressorSpec)
     cf: float = Field(100.0, ge=1)
