@@ -17,7 +17,8 @@ class DenseController(Controller):
 
 class StaticController(Controller):
     """One level for the whole run after ``warmup_steps`` dense steps (a CF, or a low-rank compressor's
-    ``rank``); the sent level's gain is measured."""
+    ``rank``). The sent level's gain is measured every ``gain_interval``-th step only: nothing decides on it, and
+    measuring it costs a decode of the payload."""
 
     mode = "static"
 
@@ -38,7 +39,8 @@ class StaticController(Controller):
     def decide(self, step: int, lr: float, force_dense: bool = False) -> StepDecision:
         if force_dense or step <= self.config.warmup_steps:
             return StepDecision(step=step, branch="dense", send_level=1.0, forced_dense=force_dense)
-        probes = (self.level,) if self.config.log_interval else ()
+        every = self.config.gain_interval
+        probes = (self.level,) if self.config.log_interval and every and step % every == 0 else ()
         return StepDecision(step=step, branch="cand", send_level=self.level, probe_levels=probes)
 
     def observe(self, stats: Any) -> None:

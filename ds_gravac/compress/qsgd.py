@@ -86,11 +86,14 @@ class QSGD(Quantizer):
                 xr[m:].zero_()
             xr = xr.view(r, b)
             nu = norms[r0:r0 + r]
-            nu.copy_(block_norms(xr).clamp_(max=FP32_MAX))
+            norms_of_rows, irregular = block_norms(xr)
+            nu.copy_(norms_of_rows.clamp_(max=FP32_MAX))
             nu = nu.to(x.dtype)[:, None]                     # the stored values, as the decoder sees them
             u = dither_(gen, self.ws.get("qs_u", r * b, torch.float32, x.device), s, self.ws).view(r, b)
             q = torch.addcdiv(u, xr, nu, value=s, out=val[:r * b].view(r, b)).floor_()   # s + ⌊x·s/ν + u⌋
-            q.nan_to_num_(nan=s, posinf=2 * s, neginf=0).clamp_(0, 2 * s)   # an empty block (0/0): code s
+            if irregular:     # only a zero, tiny, huge or non-finite block can make 0/0 or ±inf (empty: code s)
+                q.nan_to_num_(nan=s, posinf=2 * s, neginf=0)
+            q.clamp_(0, 2 * s)
             return q.view(-1)[:m]                           # offset binary
 
         encode_blocks(n, plan.get("width"), out["codes"], step, codes, self.ws)
@@ -102,10 +105,11 @@ class QSGD(Quantizer):
                              block=self.params.bucket_size)
 
 
-def block_norms(rows: Tensor) -> Tensor:
-    """Euclidean norm of each row. One fp32 pass where the squares neither overflow nor underflow; the rows whose
-    norm falls outside ``[2^-60, 2^60]`` (zero, tiny, huge or non-finite) are recomputed scaled by their max |x|
-    (whether any is, is one host synchronization per block on an accelerator)."""
+def block_norms(rows: Tensor) -> tuple[Tensor, bool]:
+    """Euclidean norm of each row, and whether any row was irregular. One fp32 pass where the squares neither
+    overflow nor underflow; the rows whose norm falls outside ``[2^-60, 2^60]`` (zero, tiny, huge or non-finite)
+    are recomputed scaled by their max |x| (whether any is, is one host synchronization per block on an
+    accelerator). With every row regular, ``|x_i|·s/ν ≤ s`` is finite: the encoder skips its NaN/inf pass."""
     nu = torch.linalg.vector_norm(rows, dim=1)
     odd = torch.logical_not((nu >= SAFE_LO) & (nu <= SAFE_HI))
     if bool(odd.any()):
@@ -114,7 +118,8 @@ def block_norms(rows: Tensor) -> Tensor:
         m = sub.abs().amax(dim=1)
         unit = torch.where(m > 0, m, torch.ones_like(m))
         nu.index_copy_(0, idx, m * torch.linalg.vector_norm(sub.div_(unit[:, None]), dim=1))
-    return nu
+        return nu, True
+    return nu, False
 
 
 SAFE_LO, SAFE_HI = 2.0 ** -60, 2.0 ** 60

@@ -1,4 +1,5 @@
-"""Per-step records: the last_stats() keys, the JSON-lines sink (rank 0, or per rank with {rank}), log_interval."""
+"""Per-step records: the last_stats() keys, the JSON-lines sink (rank 0, or per rank with {rank}), log_interval,
+and static mode's gain measured every gain_interval-th step only."""
 from __future__ import annotations
 
 import json
@@ -14,14 +15,16 @@ REQUIRED = {"step", "mode", "branch", "cf", "wire_cf", "bytes_sent", "dense_byte
 def _job(rank: int, world: int, out: str) -> dict:
     import ds_gravac
     gravac = {"mode": "static", "compressor": "topk", "cf": 10, "min_compress_numel": 1000, "log_interval": 2,
-              "telemetry": {"jsonl": os.path.join(out, "steps_{rank}.jsonl")}}
+              "gain_interval": 4, "telemetry": {"jsonl": os.path.join(out, "steps_{rank}.jsonl")}}
     model = M.make_model()
     engine, *_ = ds_gravac.initialize(model=model, model_parameters=model.parameters(), config=M.ds_config(gravac))
     M.train(engine, rank, 5)
     handle = ds_gravac.get_handle(engine)
     popped = handle.pop_stats()
     handle.detach()
-    return {"last": handle.last_stats(), "popped": len(popped), "flag": engine.enable_backward_allreduce}
+    gains = {r["step"]: v for r in popped for k, v in r.items() if k.startswith("gain_raw@")}
+    return {"last": handle.last_stats(), "popped": len(popped), "flag": engine.enable_backward_allreduce,
+            "gains": gains}
 
 
 def test_last_stats_and_jsonl(tmp_path) -> None:
@@ -34,3 +37,6 @@ def test_last_stats_and_jsonl(tmp_path) -> None:
         assert [rec["step"] for rec in lines] == [0, 2, 4]
         assert lines[0]["branch"] == "dense" and lines[-1]["branch"] == "cand"
         assert lines[-1]["bytes_sent"] < lines[-1]["dense_bytes"]
+        assert list(res["gains"]) == [4], "static mode measures its level's gain on steps 4, 8, … only"
+        assert 0.0 < res["gains"][4] <= 1.0 + 1e-9, "Top-k's share of the compensated gradient's energy"
+        assert "gain_raw@10" in lines[-1] and "gain_raw@10" not in lines[1]

@@ -606,6 +606,31 @@ def test_qsgd_block_norms_at_every_scale(scale: float) -> None:
     assert torch.allclose(p["norms"].double(), ref, rtol=1e-6, atol=0.0)
 
 
+@pytest.mark.parametrize("theta", [4.0, 8.0, 16.0])
+def test_qsgd_regular_and_irregular_kernel_blocks_side_by_side(theta: float) -> None:
+    """The encoder skips its NaN/inf pass on kernel blocks whose quantization blocks all have regular norms: a
+    partition of three 2^18-element kernel blocks — regular, then one with an empty, a huge and a non-finite
+    quantization block, then regular — decodes within ``ν/s`` of x on every finite block, to exact zeros on the
+    empty one, and to codes within ``[−s, s]`` everywhere (float64 reference norms)."""
+    comp, n = make("qsgd"), 3 * (1 << 18)
+    s = {4.0: 127, 8.0: 7, 16.0: 1}[theta]
+    x = laplace(n, seed=11)
+    lo = (1 << 18) + 4096
+    x[lo:lo + 128] = 0.0                      # an empty quantization block (0/0 in the scaled values)
+    x[lo + 128:lo + 256] *= 1e30              # squares overflow fp32: the rescaled norm
+    x[lo + 300] = float("inf")                # a non-finite block: its codes must still be in range
+    p = encode(comp, x, theta, ctx_for(comp, n))
+    code = bitpack.unpack(p["codes"], {127: 8, 7: 4, 1: 2}[s], n).long() - s
+    assert int(code.abs().max()) <= s
+    assert bool((code[lo:lo + 128] == 0).all())
+    d = decode(comp, p, ctx_for(comp, n)).double()
+    finite = torch.ones(n, dtype=torch.bool)
+    finite[lo + 256:lo + 384] = False
+    nu_e = block_norms(x, 128).repeat_interleave(128)[:n]
+    err = (d - x.double()).abs()[finite]
+    assert bool((err <= nu_e[finite] / s * (1 + 1e-6) + 1e-30).all())
+
+
 def test_qsgd_variance_bound_is_tight_enough_to_matter() -> None:
     """Equal magnitudes in a block (the worst case of the √B/s term at s = 1): the empirical variance comes
     close to, and stays below, the bound."""
