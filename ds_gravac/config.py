@@ -108,7 +108,7 @@ class GravacConfig(StrictModel):
     seed: int = Field(0, ge=0, le=2**31 - 1)
     log_interval: int = Field(1, ge=0)
     # mode "static": measure the sent level's gain (a diagnostic, no decision reads it) every n-th step; decoding
-    # it again costs ~3.5% of a QSGD step on ResNet101 (docs/configuration.md)
+    # it again costs 2–3% of a QSGD step on ResNet101 (docs/configuration.md)
     gain_interval: int = Field(10, ge=0)
     # GraVAC controller
     theta_min: float = Field(10.0, ge=1)
