@@ -53,6 +53,8 @@ def system_matrix(steps: int, epsilon: float = 0.7, theta_min: float = 10.0) -> 
         COMPUTE_ONLY,
         COMPUTE_ONLY_ENGINE,
         SystemSpec("ds_dense", "deepspeed", None, "DeepSpeed's own all-reduce (after backward)"),
+        SystemSpec("ds_dense_jitter", "deepspeed", None, "DeepSpeed dense, every averaged gradient multiplied by "
+                   "1 + 1e-6*N(0,1): the noise floor of a per-seed loss gap", ("--grad-jitter", "1e-6")),
         SystemSpec("gv_dense", "gravac", {"mode": "dense"}, "ds_gravac dense: bucketed, overlapped"),
         SystemSpec("gv_default", "gravac", {}, "the product's defaults (\"gravac\": {}), whatever they are"),
         SystemSpec("ddp_dense", "ddp", None, "PyTorch DDP, 25 MB buckets"),

@@ -49,6 +49,10 @@ def base_parser(description: str) -> argparse.ArgumentParser:
                         "LR schedule from the config; local: one rank, no communication (compute-only step)")
     p.add_argument("--powersgd-rank", type=int, default=4,
                    help="ddp_powersgd: matrix_approximation_rank of torch's powerSGD_hook (docs/BENCHMARKS.md: 4; also 1)")
+    p.add_argument("--grad-jitter", type=float, default=0.0, metavar="REL",
+                   help="deepspeed / gravac: multiply every averaged gradient by 1 + REL*N(0,1) before the optimizer "
+                        "step, the same on every rank (a benchmark control: the noise floor of a per-seed loss gap; "
+                        "runners/grad_jitter.py); 0 = off, at most 0.1")
     p.add_argument("--steps", type=int, default=100, help="train until this many optimizer steps (also on resume)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--micro-batch", type=int, default=None,
@@ -83,6 +87,10 @@ def finish_parser(parser: argparse.ArgumentParser, argv: Optional[list[str]] = N
         parser.error("--deepspeed_config is required (the single source of batch, optimizer and schedule)")
     if args.save_every and not args.save_dir:
         parser.error("--save-every needs --save-dir")
+    if not 0.0 <= args.grad_jitter <= 0.1:
+        parser.error(f"--grad-jitter must be in [0, 0.1], got {args.grad_jitter}")
+    if args.grad_jitter and args.system not in ("deepspeed", "gravac"):
+        parser.error(f"--grad-jitter applies to --system deepspeed or gravac, not {args.system}")
     if args.powersgd_rank < 1:
         parser.error(f"--powersgd-rank must be >= 1, got {args.powersgd_rank}")
     if args.run_name is None:

@@ -108,10 +108,12 @@ class System:
 class EngineSystem(System):
     """A DeepSpeed engine, with or without ds_gravac attached."""
 
-    def __init__(self, name: str, engine: Any, handle: Any, world_size: int) -> None:
+    def __init__(self, name: str, engine: Any, handle: Any, world_size: int, grad_jitter: float = 0.0,
+                 seed: int = 0) -> None:
         self.name, self.engine, self.handle = name, engine, handle
         self.module, self.device = engine.module, engine.device
         self._dense = None if handle is not None else dense_ring_bytes(engine.module, world_size)
+        self.grad_jitter, self.seed = grad_jitter, seed
 
     def forward(self, *inputs: Any) -> Any:
         return self.engine(*inputs)
@@ -120,6 +122,10 @@ class EngineSystem(System):
         self.engine.backward(loss)
 
     def step(self) -> None:
+        if self.grad_jitter and self.engine.is_gradient_accumulation_boundary():
+            from .grad_jitter import jitter_gradients_
+
+            jitter_gradients_(self.module.parameters(), self.grad_jitter, self.seed, self.global_steps)
         self.engine.step()
 
     @property
@@ -373,9 +379,10 @@ def build_system(args: argparse.Namespace, cfg: dict[str, Any], model: nn.Module
         rank = getattr(args, "powersgd_rank", 4) if args.system == "ddp_powersgd" else None
         return DDPSystem(args.system, model, cfg, dist, powersgd_rank=rank)
     if args.system == "deepspeed":
-        return EngineSystem("deepspeed", _plain_engine(args, cfg, model), None, dist.world_size)
+        return EngineSystem("deepspeed", _plain_engine(args, cfg, model), None, dist.world_size,
+                            args.grad_jitter, args.seed)
     import ds_gravac
 
     engine, *_ = ds_gravac.initialize(args=_engine_args(args), model=model, model_parameters=model.parameters(),
                                       config=cfg)
-    return EngineSystem("gravac", engine, ds_gravac.get_handle(engine), dist.world_size)
+    return EngineSystem("gravac", engine, ds_gravac.get_handle(engine), dist.world_size, args.grad_jitter, args.seed)
