@@ -215,7 +215,7 @@ def build(dirs: Sequence[Path] | Path, clusters: dict[str, Sequence[Path] | Path
                "steps_to_target": reach, "eval": c["eval"], "rates": {}}
         for rate, cl in cluster_curves.items():
             row["rates"][rate] = _time_at_rate(sid, c, reach, sections[sid], cl, target)
-        row["verdict"] = _verdict(row, ref)
+        row["verdict"] = _verdict(row, ref, ref_id)
         rows.append(row)
     for rate in clusters:
         dense_t = next((r["rates"][rate]["time_s"] for r in rows if r["id"] == ref_id), None)
@@ -254,13 +254,17 @@ def _section(outdir: Path, sid: str) -> Optional[dict[str, Any]]:
     return json.loads(cfg.read_text()).get("gravac") if cfg.exists() else None
 
 
-def _verdict(row: dict[str, Any], ref: dict[str, Any]) -> str:
-    """Which of the accuracy bounds a compressed row misses ("ok" when none)."""
-    if row["family"] == "dense":
+def _verdict(row: dict[str, Any], ref: dict[str, Any], ref_id: str) -> str:
+    """Which of the accuracy bounds a compressed row misses ("ok" when none). Another dense row (a control such
+    as ``ds_dense_jitter``) is judged on the accuracy bounds alone, prefixed "control"."""
+    if row["id"] == ref_id:
         return "reference"
     mine, theirs = row["eval"], ref["eval"]
-    return bound_misses(row["final_loss"], row["dense_loss"], mine.get("eval/top1"), theirs.get("eval/top1"),
-                        mine.get("eval/ppl"), theirs.get("eval/ppl"), row["bytes_ratio"], row["rises"])
+    control = row["family"] == "dense"
+    verdict = bound_misses(row["final_loss"], row["dense_loss"], mine.get("eval/top1"), theirs.get("eval/top1"),
+                           mine.get("eval/ppl"), theirs.get("eval/ppl"), None if control else row["bytes_ratio"],
+                           row["rises"])
+    return f"control: {verdict}" if control else verdict
 
 
 def bound_misses(loss: float, dense_loss: float, top1: Optional[float], dense_top1: Optional[float],

@@ -217,3 +217,18 @@ def test_every_builtin_compressor_has_its_family() -> None:
     for name in BUILTINS:
         want = next((f for f, names in families.items() if name in names), "sparsification")
         assert compressor_family(lookup(name)) == want, name
+
+
+def test_a_second_dense_row_is_a_control_judged_on_accuracy_only(tmp_path: Path) -> None:
+    """ds_dense_jitter (dense plus a 1e-6 perturbation) is not the reference: its gap is reported and judged on the
+    loss bound, never on bytes (it sends dense's)."""
+    loop = _write_run(tmp_path / "loop", "mlp", {
+        "ds_dense": {"loss": DENSE, "time": 0.1, "bytes": 1000.0, "gravac": None, "eval": {"eval/top1": 0.9}},
+        "ds_dense_jitter": {"loss": SLOW, "time": 0.1, "bytes": 1000.0, "gravac": None, "eval": {"eval/top1": 0.9}},
+        "twin": {"loss": DENSE, "time": 0.1, "bytes": 1000.0, "gravac": None, "eval": {"eval/top1": 0.9}}})
+    rows = {r["id"]: r for r in build(loop, {})["systems"]}
+    gap = smooth(SLOW)[-1] / smooth(DENSE)[-1] - 1
+    assert rows["ds_dense"]["verdict"] == "reference"
+    assert rows["ds_dense_jitter"]["family"] == "dense"
+    assert rows["ds_dense_jitter"]["verdict"] == f"control: loss +{100 * gap:.0f}%"
+    assert rows["twin"]["verdict"] == "control: ok"

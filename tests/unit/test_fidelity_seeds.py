@@ -114,3 +114,13 @@ def test_a_seed_that_ran_one_section_twice_contributes_its_first_row(tmp_path: P
                                                     "systems": rows}))
     res = combine([[root]])
     assert [r["id"] for r in res["systems"]] == ["ds_dense", "first"]
+
+
+def test_a_dense_control_is_judged_on_the_mean_loss_not_on_bytes(tmp_path: Path) -> None:
+    s0 = _seed(tmp_path / "s0", 0.4, 0.84, [_row("ds_dense_jitter", "dense", 0.5, 0.4, 0.84, 210, 1.0)])
+    s1 = _seed(tmp_path / "s1", 0.8, 0.76, [_row("ds_dense_jitter", "dense", 0.74, 0.8, 0.76, 195, 1.0)])
+    rows = {r["id"]: r for r in combine([[s0], [s1]])["systems"]}
+    assert rows["ds_dense"]["verdict"] == "reference"
+    # means 0.62 against 0.6: +3.3%, inside the 5% bound; bytes 1.0 would fail a compressed row
+    assert abs(rows["ds_dense_jitter"]["gap"] - (0.62 / 0.6 - 1)) < 1e-12
+    assert rows["ds_dense_jitter"]["verdict"] == "control: ok"
