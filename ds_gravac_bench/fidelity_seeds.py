@@ -9,7 +9,7 @@ trajectory, the loss at equal steps can differ by tens of percent between runs o
 ResNet101 at 300 steps dense itself ends at 0.41, 0.56 and 0.83 on three seeds). A 5% bound can only be judged on
 several samples. Each argument is one seed: a ``fidelity run`` directory, several of the same seed joined by
 commas (merged as ``fidelity report`` merges them), or a directory holding only a report's ``fidelity.json``
-(what ``docs/bench`` keeps). Systems are matched across seeds by what they train (the hash of their "gravac"
+(what ``docs/bench`` keeps), alone or joined to runs or reports of the same dense run. Systems are matched across seeds by what they train (the hash of their "gravac"
 section), so a configuration run as ``gv_topk_10`` on one seed and as ``cfg:…recommended.json`` on another counts
 once; every seed is compared with its own dense run, then the
 per-seed figures are averaged: the loss bound on the mean final loss against dense's mean, top-1 and perplexity
@@ -34,11 +34,33 @@ def _mean(xs: Sequence[Optional[float]]) -> Optional[float]:
     return statistics.fmean(vals) if len(vals) == len(xs) and vals else None
 
 
+def _is_report(path: Path) -> bool:
+    return not (path / "systems").is_dir() and (path / "fidelity.json").is_file()
+
+
 def _table(dirs: Sequence[Path], clusters: dict[str, list[Path]]) -> dict[str, Any]:
-    """One seed's fidelity table: built from the runs, or the report a directory already holds."""
-    if len(dirs) == 1 and not (dirs[0] / "systems").is_dir() and (dirs[0] / "fidelity.json").is_file():
-        return json.loads((dirs[0] / "fidelity.json").read_text())
-    return build(list(dirs), clusters)
+    """One seed's fidelity table: the run directories built together, then the reports the other directories
+    already hold appended, first occurrence of a system winning. Reports keep no loss curve, so they merge only
+    when their dense run ended exactly as the first table's (final loss, peak and steps to target equal: a
+    machine that reproduces the dense run bit for bit, as DeepSpeed's deterministic CPU path does)."""
+    runs = [d for d in dirs if not _is_report(d)]
+    tables = ([build(runs, clusters)] if runs else []) + [json.loads((d / "fidelity.json").read_text())
+                                                          for d in dirs if _is_report(d)]
+    first = tables[0]
+    ref = _reference(first)
+    for other in tables[1:]:
+        theirs = _reference(other)
+        same = all(ref.get(k) == theirs.get(k) for k in ("final_loss", "peak", "steps_to_target"))
+        if other["model"] != first["model"] or other["steps"] != first["steps"] or not same:
+            raise SystemExit(f"fidelity_seeds: {', '.join(map(str, dirs))} hold different dense runs "
+                             f"(final loss {ref['final_loss']} vs {theirs['final_loss']}): not one seed")
+        seen = {r["id"] for r in first["systems"]}
+        first = {**first, "systems": first["systems"] + [r for r in other["systems"] if r["id"] not in seen]}
+    return first
+
+
+def _reference(table: dict[str, Any]) -> dict[str, Any]:
+    return next(r for r in table["systems"] if r["id"] == table["reference"])
 
 
 def _mean_times(per: Sequence[dict[str, Any]]) -> dict[str, Optional[float]]:
@@ -54,7 +76,7 @@ def combine(seeds: Sequence[Sequence[Path]], clusters: Optional[dict[str, list[P
         raise SystemExit("fidelity_seeds: the runs trained different models")
     key = _matching_key(tables)
     by_seed = [_rows_by(key, t["systems"]) for t in tables]
-    dense = [next(r for r in t["systems"] if r["id"] == t["reference"]) for t in tables]
+    dense = [_reference(t) for t in tables]
     rows = []
     for first in tables[0]["systems"]:
         per = [rows_of.get(first[key]) for rows_of in by_seed]

@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from ds_gravac_bench.fidelity_seeds import combine, markdown
 
 
@@ -124,3 +126,24 @@ def test_a_dense_control_is_judged_on_the_mean_loss_not_on_bytes(tmp_path: Path)
     # means 0.62 against 0.6: +3.3%, inside the 5% bound; bytes 1.0 would fail a compressed row
     assert abs(rows["ds_dense_jitter"]["gap"] - (0.62 / 0.6 - 1)) < 1e-12
     assert rows["ds_dense_jitter"]["verdict"] == "control: ok"
+
+
+def test_reports_of_one_dense_run_merge_into_one_seed(tmp_path: Path) -> None:
+    """A later invocation that reproduced a seed's dense run adds its systems to that seed's kept report."""
+    a0 = _seed(tmp_path / "a0", 0.4, 0.84, [_row("defaults", "quantization", 0.44, 0.4, 0.83, 215, 0.26)])
+    b0 = _seed(tmp_path / "b0", 0.4, 0.84, [_row("jitter", "dense", 0.48, 0.4, 0.82, 220, 1.0),
+                                            _row("defaults", "quantization", 9.0, 0.4, 0.1, 999, 0.26)])
+    a1 = _seed(tmp_path / "a1", 0.8, 0.76, [_row("defaults", "quantization", 0.84, 0.8, 0.75, 190, 0.26)])
+    b1 = _seed(tmp_path / "b1", 0.8, 0.76, [_row("jitter", "dense", 0.76, 0.8, 0.77, 180, 1.0)])
+    rows = {r["id"]: r for r in combine([[a0, b0], [a1, b1]])["systems"]}
+    assert set(rows) == {"ds_dense", "defaults", "jitter"}
+    assert rows["defaults"]["gaps"] == [0.44 / 0.4 - 1, 0.84 / 0.8 - 1]     # the first report's row wins
+    assert rows["jitter"]["steps_to_target"] == [220, 180]
+    assert abs(rows["jitter"]["final_loss"] - 0.62) < 1e-12
+
+
+def test_reports_of_different_dense_runs_are_refused(tmp_path: Path) -> None:
+    a = _seed(tmp_path / "a", 0.4, 0.84, [])
+    b = _seed(tmp_path / "b", 0.41, 0.84, [_row("jitter", "dense", 0.48, 0.41, 0.82, 220, 1.0)])
+    with pytest.raises(SystemExit, match="hold different dense runs"):
+        combine([[a, b]])
