@@ -207,6 +207,21 @@ def test_plain_deepspeed_shares_the_loop(work: dict, full: dict, tmp_path: Any) 
     assert all(k in records[0] for k in ("loss", "lr", "time/step", "samples_per_s", "bytes_sent"))
 
 
+def test_grad_jitter_perturbs_only_after_the_first_backward(work: dict, tmp_path: Any) -> None:
+    """--grad-jitter multiplies the averaged gradients before each optimizer step: step 1's loss (computed before
+    any update) is DeepSpeed dense's exactly, the next ones differ from it (at 0.1, the largest allowed: on tiny_cnn
+    a smaller jitter moves the loss by less than float32 resolves), and only slightly."""
+    common = [CIFAR, "--deepspeed_config", work["config"], "--micro-batch", "8", "--steps", "3", "--system",
+              "deepspeed", "--no-wandb", "--eval-every", "-1"] + TINY_CIFAR
+    launch(common + ["--log-dir", str(tmp_path / "plain")])
+    launch(common + ["--grad-jitter", "0.1", "--log-dir", str(tmp_path / "jitter")])
+    plain = [r["loss"] for r in _jsonl(str(tmp_path / "plain" / "steps.jsonl"))]
+    jitter = [r["loss"] for r in _jsonl(str(tmp_path / "jitter" / "steps.jsonl"))]
+    assert jitter[0] == plain[0]
+    assert jitter[1:] != plain[1:]
+    assert all(abs(j / p - 1) < 1e-2 for j, p in zip(jitter, plain))
+
+
 @pytest.mark.parametrize("system", ["local", "local_engine"])
 def test_local_system_trains_alone(system: str, work: dict, tmp_path: Any) -> None:
     """`--system local`/`local_engine` (the benchmarks' compute-only rows) run one rank without communication."""
