@@ -9,10 +9,10 @@ trajectory, the loss at equal steps can differ by tens of percent between runs o
 ResNet101 at 300 steps dense itself ends at 0.41, 0.56 and 0.83 on three seeds). A 5% bound can only be judged on
 several samples. Each argument is one seed: a ``fidelity run`` directory, several of the same seed joined by
 commas (merged as ``fidelity report`` merges them), or a directory holding only a report's ``fidelity.json``
-(what ``docs/bench`` keeps), alone or joined to runs or reports of the same dense run. Systems are matched across seeds by what they train (the hash of their "gravac"
-section), so a configuration run as ``gv_topk_10`` on one seed and as ``cfg:…recommended.json`` on another counts
-once; every seed is compared with its own dense run, then the
-per-seed figures are averaged: the loss bound on the mean final loss against dense's mean, top-1 and perplexity
+(what ``docs/bench`` keeps), alone or joined to runs or reports of the same dense run. Systems are matched
+across seeds by what they train (the hash of their "gravac" section), so a configuration run as ``gv_topk_10`` on
+one seed and as ``cfg:…recommended.json`` on another counts once; every seed is compared with its own dense run,
+then the per-seed figures are averaged: the loss bound on the mean final loss against dense's mean, top-1 and perplexity
 likewise, bytes on the mean ratio. The steps to dense's target are listed per seed. With ``--cluster RATE=DIR``
 (as for ``fidelity report``; step times do not depend on the seed) each seed's time to its target is steps × the
 system's median cluster step, and the speed-up is dense's mean time to target over the system's (the expected

@@ -18,6 +18,8 @@ from typing import Any, Optional
 
 import torch
 
+from .grad_jitter import MAX_REL as MAX_JITTER
+
 SYSTEMS = ("gravac", "deepspeed", "ddp", "ddp_powersgd", "local", "local_engine")
 
 
@@ -87,8 +89,8 @@ def finish_parser(parser: argparse.ArgumentParser, argv: Optional[list[str]] = N
         parser.error("--deepspeed_config is required (the single source of batch, optimizer and schedule)")
     if args.save_every and not args.save_dir:
         parser.error("--save-every needs --save-dir")
-    if not 0.0 <= args.grad_jitter <= 0.1:
-        parser.error(f"--grad-jitter must be in [0, 0.1], got {args.grad_jitter}")
+    if not 0.0 <= args.grad_jitter <= MAX_JITTER:
+        parser.error(f"--grad-jitter must be in [0, {MAX_JITTER}], got {args.grad_jitter}")
     if args.grad_jitter and args.system not in ("deepspeed", "gravac"):
         parser.error(f"--grad-jitter applies to --system deepspeed or gravac, not {args.system}")
     if args.powersgd_rank < 1:

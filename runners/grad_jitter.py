@@ -13,13 +13,15 @@ from typing import Iterable
 
 import torch
 
+from ds_gravac.compress.base import mix_seed
+
 MAX_REL = 0.1
-_GOLDEN = 0x9E3779B97F4A7C15
+JITTER_STREAM = 0x6A17      # keeps these draws apart from any other (seed, step) stream
 
 
 def jitter_seed(seed: int, step: int) -> int:
     """One generator seed per (run seed, optimizer step), the same on every rank."""
-    return ((seed * _GOLDEN) ^ (step + 1) * 0xBF58476D1CE4E5B9) & ((1 << 63) - 1)
+    return mix_seed(seed, step, JITTER_STREAM)
 
 
 @torch.no_grad()

@@ -378,6 +378,9 @@ def build_system(args: argparse.Namespace, cfg: dict[str, Any], model: nn.Module
     if args.system in ("ddp", "ddp_powersgd"):
         rank = getattr(args, "powersgd_rank", 4) if args.system == "ddp_powersgd" else None
         return DDPSystem(args.system, model, cfg, dist, powersgd_rank=rank)
+    stage = int((cfg.get("zero_optimization") or {}).get("stage", 0))
+    if getattr(args, "grad_jitter", 0.0) and stage > 0:         # ZeRO keeps its gradients out of p.grad
+        raise RunnerError(f"--grad-jitter needs ZeRO stage 0; this config has stage {stage}")
     if args.system == "deepspeed":
         return EngineSystem("deepspeed", _plain_engine(args, cfg, model), None, dist.world_size,
                             args.grad_jitter, args.seed)

@@ -222,6 +222,20 @@ def test_grad_jitter_perturbs_only_after_the_first_backward(work: dict, tmp_path
     assert all(abs(j / p - 1) < 1e-2 for j, p in zip(jitter, plain))
 
 
+def test_grad_jitter_is_refused_under_zero(work: dict, tmp_path: Any) -> None:
+    """ZeRO keeps its gradients out of ``p.grad``: the jitter would silently do nothing, so it is refused."""
+    with open(work["config"], encoding="utf-8") as f:
+        cfg = json.load(f)
+    cfg["zero_optimization"] = {"stage": 1}
+    path = tmp_path / "zero1.json"
+    path.write_text(json.dumps(cfg))
+    proc = launch([CIFAR, "--deepspeed_config", str(path), "--micro-batch", "8", "--steps", "1", "--system",
+                   "deepspeed", "--no-wandb", "--grad-jitter", "1e-6", "--log-dir", str(tmp_path / "log")]
+                  + TINY_CIFAR, check=False)
+    assert proc.returncode != 0
+    assert "--grad-jitter needs ZeRO stage 0; this config has stage 1" in proc.stdout + proc.stderr
+
+
 @pytest.mark.parametrize("system", ["local", "local_engine"])
 def test_local_system_trains_alone(system: str, work: dict, tmp_path: Any) -> None:
     """`--system local`/`local_engine` (the benchmarks' compute-only rows) run one rank without communication."""
