@@ -1,7 +1,7 @@
 """A benchmark control, not a compressor: multiply every averaged gradient by ``1 + rel·N(0, 1)`` per element.
 
 Why. Comparing a compressed run with the dense run of the same seed only means something if the dense run is
-not itself one sample out of a wide spread. With ``rel`` a few float32 ulps (``1e-6``), the perturbation is far
+not itself one sample out of a wide spread. With ``rel`` about ten float32 ulps (``1e-6``), the perturbation is far
 below any compressor's error, unbiased, and identical on every rank (the noise is drawn from a generator seeded
 by ``(seed, step)`` after the averaging, so every replica keeps the same weights). How far such a run ends from
 the unperturbed one is the noise floor of a per-seed loss gap (``runner --grad-jitter``; the fidelity
