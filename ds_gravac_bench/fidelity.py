@@ -260,10 +260,17 @@ def _verdict(row: dict[str, Any], ref: dict[str, Any], ref_id: str) -> str:
     if row["id"] == ref_id:
         return "reference"
     mine, theirs = row["eval"], ref["eval"]
-    control = row["family"] == "dense"
-    verdict = bound_misses(row["final_loss"], row["dense_loss"], mine.get("eval/top1"), theirs.get("eval/top1"),
-                           mine.get("eval/ppl"), theirs.get("eval/ppl"), None if control else row["bytes_ratio"],
-                           row["rises"])
+    return judged(row["family"], row["final_loss"], row["dense_loss"], mine.get("eval/top1"), theirs.get("eval/top1"),
+                  mine.get("eval/ppl"), theirs.get("eval/ppl"), row["bytes_ratio"], row["rises"])
+
+
+def judged(family: str, loss: float, dense_loss: float, top1: Optional[float], dense_top1: Optional[float],
+           ppl: Optional[float], dense_ppl: Optional[float], bytes_ratio: Optional[float], rises: bool,
+           prefix: str = "") -> str:
+    """:func:`bound_misses` for a non-reference row; a dense one is a control, judged on accuracy alone."""
+    control = family == "dense"
+    verdict = bound_misses(loss, dense_loss, top1, dense_top1, ppl, dense_ppl, None if control else bytes_ratio,
+                           rises, prefix)
     return f"control: {verdict}" if control else verdict
 
 

@@ -26,7 +26,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from ds_gravac_bench.fidelity import bound_misses, build, cluster_arg, clusters_of
+from ds_gravac_bench.fidelity import build, cluster_arg, clusters_of, judged
 
 
 def _mean(xs: Sequence[Optional[float]]) -> Optional[float]:
@@ -123,10 +123,8 @@ def _verdict(row: dict[str, Any], reference: str) -> str:
     """As :func:`ds_gravac_bench.fidelity._verdict`, on the means: a dense control is judged on accuracy alone."""
     if row["id"] == reference:
         return "reference"
-    control = row["family"] == "dense"
-    verdict = bound_misses(row["final_loss"], row["dense_loss"], row["top1"], row["dense_top1"], row["ppl"],
-                           row["dense_ppl"], None if control else row["bytes_ratio"], row["rises"], prefix="mean ")
-    return f"control: {verdict}" if control else verdict
+    return judged(row["family"], row["final_loss"], row["dense_loss"], row["top1"], row["dense_top1"], row["ppl"],
+                  row["dense_ppl"], row["bytes_ratio"], row["rises"], prefix="mean ")
 
 
 def markdown(res: dict[str, Any]) -> str:

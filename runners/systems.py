@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from .common import DistInfo, RunnerError, without_gravac
+from .grad_jitter import jitter_gradients_
 
 DDP_BUCKET_CAP_MB = 25
 POWERSGD = dict(start_powerSGD_iter=10, min_compression_rate=2,
@@ -123,8 +124,6 @@ class EngineSystem(System):
 
     def step(self) -> None:
         if self.grad_jitter and self.engine.is_gradient_accumulation_boundary():
-            from .grad_jitter import jitter_gradients_
-
             jitter_gradients_(self.module.parameters(), self.grad_jitter, self.seed, self.global_steps)
         self.engine.step()
 
