@@ -154,7 +154,7 @@ def markdown(results: dict[str, Any]) -> str:
               "the step count; logical bytes are the ds_gravac accounting (docs/design.md). Peak RSS: rank 0's "
               "resident set high-water mark (ranks are symmetric), libraries included.",
               "Paper reference numbers (GraVAC, 32 V100s): speed-up over static Top-k 10x — ResNet101 4.32×, VGG16 "
-              "1.95×, LSTM 6.67× (docs/BENCHMARKS.md)."]
+              "1.95×, LSTM 6.67× (the paper's, not measured here)."]
     return "\n".join(lines) + "\n"
 
 

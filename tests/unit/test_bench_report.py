@@ -34,7 +34,7 @@ def test_the_report_files_hold_no_absolute_path(tmp_path) -> None:
     for sid, step_s in (("ds_dense", 2.0), ("gv_topk_100", 0.5)):
         (out / "systems" / sid).mkdir(parents=True)
         (out / "systems" / sid / "steps.jsonl").write_text(
-            "".join(json.dumps(r) + "\n" for r in _records(step_s, [3.0, 2.0, 1.5, 1.0])))
+            "".join(json.dumps({**r, "bytes_sent": 1e6}) + "\n" for r in _records(step_s, [3.0, 2.0, 1.5, 1.0])))
     meta = {"env": {"git_commit": "0" * 40}, "model": "mlp", "N": 2, "steps": 4,
             "network": {"rate": "loopback", "delay": "0"}, "systems": {"ds_dense": {}, "gv_topk_100": {}}}
     (out / "meta.json").write_text(json.dumps(meta))
