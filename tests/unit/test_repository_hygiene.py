@@ -16,7 +16,8 @@ MACHINE_PATH = re.compile("|".join("/" + p for p in ("tmp/", "root/", "home/[a-z
 # a repository path in running text; "<rev>:docs/..." names a file of an older tree (git's syntax) and is skipped
 NAMED_PATH = re.compile(r"(?<![\w:/.-])(?:ds_configs|docs)/[^\s`'\")\]|,;]*")
 TEMPLATE = re.compile(r"[{*<]")    # ds_configs/<model>_dense.json, docs/bench/x-{a,b}/: a pattern, not a file
-LINK = re.compile(r"\]\(([^)#\s]+)")
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#([^)\s]+))?\)")
+HEADING = re.compile(r"^#+ (.+)$", re.M)
 
 
 def _tracked(*patterns: str) -> list[Path]:
@@ -34,6 +35,11 @@ def _documents() -> list[Path]:
 def _named(text: str) -> list[str]:
     """The repository paths a document names in its text (sentence punctuation stripped, patterns left out)."""
     return [m.group(0).rstrip(".:") for m in NAMED_PATH.finditer(text) if not TEMPLATE.search(m.group(0))]
+
+
+def _anchors(markdown: str) -> set[str]:
+    """GitHub's anchors of a document's headings: lower case, punctuation dropped, spaces as hyphens."""
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in HEADING.findall(markdown)}
 
 
 def test_kept_benchmark_data_is_at_most_3_mb() -> None:
@@ -66,10 +72,14 @@ def test_every_path_the_documents_name_exists() -> None:
         rel = doc.relative_to(ROOT)
         if rel.name != "BENCHMARKS_HISTORY.md":        # the chronology names older trees' files as written then
             missing += [f"{rel}: {name}" for name in _named(text) if not (ROOT / name).exists()]
-        for target in LINK.findall(text):
-            if "://" not in target and not target.startswith("mailto:"):
-                if not (doc.parent / target).exists():
-                    missing.append(f"{rel}: link {target}")
+        for target, anchor in LINK.findall(text):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            linked = doc.parent / target
+            if not linked.exists():
+                missing.append(f"{rel}: link {target}")
+            elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked.read_text()):
+                missing.append(f"{rel}: link {target}#{anchor}")
     assert not missing, f"named but not in the repository: {missing}"
 
 
@@ -78,4 +88,5 @@ def test_the_path_pattern_finds_what_it_should() -> None:
     text = ("see ds_configs/x.json, `docs/bench/a.json` and 921a7a5:docs/bench/old/ or ds_configs/<model>_dense.json "
             "and docs/bench/r-{1gbit,100mbit}/ (docs/zero.md).")
     assert _named(text) == ["ds_configs/x.json", "docs/bench/a.json", "docs/zero.md"]
+    assert _anchors("# A title\n## 9. Cost-model selection\n## Method") == {"a-title", "9-cost-model-selection", "method"}
     assert MACHINE_PATH.search("out = " + "/" + "tmp/x") and not MACHINE_PATH.search("tempfile.gettempdir()")
