@@ -184,6 +184,13 @@ def uniform_codes(groups: Sequence[Group], level: Level) -> list[int]:
     return codes
 
 
+def family_view(groups: Sequence[Group], families: Sequence[str]) -> list[list[int]]:
+    """Per group, the ladder indices of dense and of ``families``: the solver budgets one kind of error at a
+    time (variance for QSGD, unsent energy for the error-feedback families), so it sees one view per kind."""
+    allowed = {DENSE, *families}
+    return [[i for i, lv in enumerate(g.ladder) if lv.family in allowed] for g in groups]
+
+
 __all__ = ["DENSE", "LOWRANK", "QSGD", "SPARSE", "FAMILIES", "RANKS", "QSGD_BITS", "SPARSE_CFS", "REFERENCE",
            "MIN_NUMEL", "Level", "DENSE_LEVEL", "Group", "pays_lowrank", "pays_sparse", "ladder_for",
-           "classifier_name", "build_groups", "uniform_codes"]
+           "classifier_name", "build_groups", "uniform_codes", "family_view"]

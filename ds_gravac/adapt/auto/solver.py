@@ -6,8 +6,9 @@ smaller error, then by the code vector compared group by group (the lower level 
 gives the same plan on every rank and in every run.
 
 1. **Lagrangian bisection.** For a multiplier λ every group independently takes ``argmin t + λ·e``; the error of
-   that choice falls as λ grows. λ is bisected over the finite set of its breakpoints (the slopes between a
-   group's levels), which ends exactly at the smallest λ whose choice fits the budget.
+   that choice falls as λ grows and changes only at finitely many breakpoints (the slopes between a group's
+   levels). λ is bisected over the points between consecutive breakpoints (where no rounding can split a tie),
+   which ends exactly at the first interval whose choice fits the budget.
 2. **Repair.** The slack that choice leaves is spent greedily: the move (group, level) that saves the most time
    and still fits, until none does. The result, or the reference setting if that is faster, is the incumbent.
 3. **Exact search.** A dynamic program over groups keeps the Pareto frontier of partial plans (time, error),
@@ -64,6 +65,16 @@ def _check(times: Sequence[Sequence[float]], errors: Sequence[Sequence[float]], 
         raise ValueError(f"ds_gravac: the error budget must be finite (got {budget})")
 
 
+def undominated(t: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """Levels no other level of the group beats: a level ``j`` goes when some ``i`` has ``t_i ≤ t_j`` and
+    ``e_i ≤ e_j``, and either is strictly smaller or ``i < j`` (with equal values the lower index wins the tie)."""
+    le = (t[:, None] <= t[None, :]) & (e[:, None] <= e[None, :])          # [i, j]: i at least as good as j
+    strict = (t[:, None] < t[None, :]) | (e[:, None] < e[None, :])
+    earlier = np.arange(t.size)[:, None] < np.arange(t.size)[None, :]
+    beaten = (le & (strict | earlier)).any(axis=0)
+    return np.flatnonzero(~beaten)
+
+
 def _padded(rows: list[np.ndarray], opts: list[np.ndarray], fill: float) -> np.ndarray:
     """Groups × levels, levels outside ``opts`` (and padding) set to ``fill``."""
     out = np.full((len(rows), max(r.size for r in rows)), fill)
@@ -87,8 +98,8 @@ def _choose(tp: np.ndarray, ep: np.ndarray, lam: float) -> np.ndarray:
 
 def lagrangian(ts: list[np.ndarray], es: list[np.ndarray], opts: list[np.ndarray], budget: float
                ) -> Optional[tuple[list[int], float]]:
-    """The choice at the smallest breakpoint λ that fits the budget, and that λ (None if not even the least
-    error of every group fits)."""
+    """The choice just above the smallest breakpoint λ that fits the budget, and that λ (None if not even the
+    least error of every group fits)."""
     tp, ep = _padded(ts, opts, np.inf), _padded(es, opts, np.inf)
     rows = np.arange(len(ts))
 
@@ -102,10 +113,12 @@ def lagrangian(ts: list[np.ndarray], es: list[np.ndarray], opts: list[np.ndarray
         dt = tp[:, None, :] - tp[:, :, None]            # [g, i, j] = t_j − t_i
         de = ep[:, :, None] - ep[:, None, :]            # [g, i, j] = e_i − e_j
         ok = (dt > 0) & (de > 0) & np.isfinite(dt) & np.isfinite(de)
-        grid = np.unique(np.concatenate([[0.0], dt[ok] / de[ok]]))
+        breaks = np.unique(np.concatenate([[0.0], dt[ok] / de[ok]]))
+    # between breakpoints the choice is constant and free of ties that rounding could split
+    grid = np.concatenate([[0.0], (breaks[:-1] + breaks[1:]) / 2, [2.0 * breaks[-1] + 1.0]])
     if err(_choose(tp, ep, float(grid[0]))) <= budget:
         return _choose(tp, ep, float(grid[0])).tolist(), float(grid[0])
-    if err(_choose(tp, ep, float(grid[-1]))) > budget:     # the largest breakpoint takes every least error
+    if err(_choose(tp, ep, float(grid[-1]))) > budget:     # above every breakpoint: every least error
         return None
     lo, hi = 0, grid.size - 1                    # err(lo) > budget >= err(hi)
     while hi - lo > 1:
@@ -120,22 +133,20 @@ def lagrangian(ts: list[np.ndarray], es: list[np.ndarray], opts: list[np.ndarray
 def repair(ts: list[np.ndarray], es: list[np.ndarray], opts: list[np.ndarray], codes: list[int], budget: float
            ) -> list[int]:
     """Spend the budget's slack: apply the fitting move that saves the most time (ties: group, then level)."""
-    codes = list(codes)
-    for _ in range(sum(o.size for o in opts) * 4):
+    tp, ep = _padded(ts, opts, np.inf), _padded(es, opts, np.inf)
+    rows = np.arange(len(ts))
+    cur = np.asarray(codes, dtype=np.int64)
+    for _ in range(tp.size):
         err = 0.0
-        for e, c in zip(es, codes):
-            err += float(e[c])
-        best: Optional[tuple[float, int, int]] = None
-        for g, (t, e, o) in enumerate(zip(ts, es, opts)):
-            cur = codes[g]
-            for j in o.tolist():
-                gain = float(t[cur] - t[j])
-                if gain > 0 and err - float(e[cur]) + float(e[j]) <= budget and (best is None or gain > best[0]):
-                    best = (gain, g, j)
-        if best is None:
+        for v in ep[rows, cur].tolist():
+            err += v
+        with np.errstate(invalid="ignore"):
+            gain = np.where(err - ep[rows, cur][:, None] + ep <= budget, tp[rows, cur][:, None] - tp, -np.inf)
+        flat = int(np.argmax(gain))                   # first maximum in row-major order: lowest group, level
+        if not gain.flat[flat] > 0:
             break
-        codes[best[1]] = best[2]
-    return codes
+        cur[flat // tp.shape[1]] = flat % tp.shape[1]
+    return cur.tolist()
 
 
 def pareto_search(ts: list[np.ndarray], es: list[np.ndarray], opts: list[np.ndarray], budget: float,
@@ -174,7 +185,8 @@ def pareto_search(ts: list[np.ndarray], es: list[np.ndarray], opts: list[np.ndar
         if order.size > cap:
             return None
         T, E = ct[order], ce[order]
-        lex = np.argsort(np.argsort(cl[order], kind="stable"), kind="stable").astype(np.int64)
+        lex = np.empty(order.size, dtype=np.int64)
+        lex[np.argsort(cl[order], kind="stable")] = np.arange(order.size)
         parents.append(order // o.size)
         levels.append(o[order % o.size])
     fits = np.flatnonzero(E <= budget)
@@ -197,7 +209,7 @@ def solve(times: Sequence[Sequence[float]], errors: Sequence[Sequence[float]], b
     ts = [np.asarray(r, dtype=np.float64) for r in times]
     es = [np.asarray(r, dtype=np.float64) for r in errors]
     fixed = dict(fixed or {})
-    opts = [np.array([fixed[g]]) if g in fixed else np.arange(len(t)) for g, t in enumerate(ts)]
+    opts = [np.array([fixed[g]]) if g in fixed else undominated(t, e) for g, (t, e) in enumerate(zip(ts, es))]
 
     def plan(codes: Sequence[int], exact: bool) -> Plan:
         t, e = totals(times, errors, codes)
@@ -219,6 +231,18 @@ def solve(times: Sequence[Sequence[float]], errors: Sequence[Sequence[float]], b
     exact = plan(best, exact=True)
     return exact if exact.key() <= incumbent.key() else Plan(incumbent.codes, incumbent.time, incumbent.error,
                                                               True, True)
+
+
+def solve_view(times: Sequence[Sequence[float]], errors: Sequence[Sequence[float]], budget: float,
+               view: Sequence[Sequence[int]], reference: Optional[Sequence[int]] = None) -> Plan:
+    """:func:`solve` over a subset of each group's levels (``ladder.family_view``); codes in and out are indices
+    into the full ladders. A reference code outside the view is an error."""
+    pos = [{c: i for i, c in enumerate(v)} for v in view]
+    ref = None if reference is None else [pos[g][c] for g, c in enumerate(reference)]
+    plan = solve([[times[g][c] for c in v] for g, v in enumerate(view)],
+                 [[errors[g][c] for c in v] for g, v in enumerate(view)], budget, reference=ref)
+    return Plan(tuple(view[g][c] for g, c in enumerate(plan.codes)), plan.time, plan.error, plan.feasible,
+                plan.exact)
 
 
 @dataclass
@@ -256,4 +280,4 @@ class Hysteresis:
         return new.codes, True
 
 
-__all__ = ["FRONTIER_CAP", "Plan", "Hysteresis", "lagrangian", "pareto_search", "repair", "solve", "totals"]
+__all__ = ["FRONTIER_CAP", "Plan", "Hysteresis", "lagrangian", "undominated", "pareto_search", "repair", "solve", "solve_view", "totals"]

@@ -1,0 +1,166 @@
+"""M0 of the goodput controller, offline: is a per-group plan predicted to save ≥ 15% of the step over the best
+uniform level at equal error?
+
+    python -m ds_gravac_bench.auto_m0 --model resnet101 --rates 100mbit,1gbit
+
+Signals come from one real backward pass per simulated rank (the benchmark's synthetic CIFAR-10 images, batch 32
+per rank, the model at its seeded initialization, no residual yet): per group and level the error of the averaged
+update (``ds_gravac/adapt/auto/error_model.py``; low rank at the converged warm start, i.e. the SVD tail). Times
+come from ``ds_gravac/adapt/auto/timing.py`` with an α–β link at each rate (the emulated cluster's measured fits
+by default) and the codec priors. For each family (and the error-feedback families together) it prints the
+uniform levels, the best uniform level whose error is within the family reference's, the plan at that budget,
+and the predicted saving of the step, plus a sweep of budgets. Nothing is asserted.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any, Sequence
+
+import torch
+
+from ds_gravac.adapt.auto.error_model import averaged_qsgd_variance, sparse_unsent, sq_norm, svd_unsent
+from ds_gravac.adapt.auto.ladder import (DENSE, LOWRANK, QSGD, REFERENCE, SPARSE, Group, Level, build_groups,
+                                         family_view, uniform_codes)
+from ds_gravac.adapt.auto.solver import solve_view, totals
+from ds_gravac.adapt.auto.timing import GEMM, Pricer, calibrate_gemm, link_fits, predicted_step
+
+QSGD_LEVELS = {8.0: 127, 4.0: 7, 2.0: 1}
+RATES = {"100mbit": 1e8, "1gbit": 1e9, "10gbit": 1e10}
+# The families the solver budgets together (one unit of error each) and the level their budget comes from.
+VIEWS = {"lowrank": ((LOWRANK,), Level(LOWRANK, REFERENCE[LOWRANK])),
+         "qsgd": ((QSGD,), Level(QSGD, REFERENCE[QSGD])),
+         "sparse": ((SPARSE,), Level(SPARSE, REFERENCE[SPARSE])),
+         "ef (lowrank+sparse)": ((LOWRANK, SPARSE), Level(LOWRANK, REFERENCE[LOWRANK]))}
+
+
+def gradients(model_name: str, ranks: int, batch: int, seed: int) -> tuple[list[tuple[str, tuple[int, ...]]],
+                                                                           list[dict[str, torch.Tensor]]]:
+    """One backward pass per simulated rank on its own batch of the benchmark's synthetic images."""
+    from runners.data import SyntheticImageDataset
+    from runners.models import build_model
+
+    torch.manual_seed(seed)
+    model = build_model(model_name, num_classes=10)
+    data = SyntheticImageDataset(10, ranks * batch, seed=seed)
+    grads = []
+    for w in range(ranks):
+        xs, ys = zip(*(data[i] for i in range(w * batch, (w + 1) * batch)))
+        model.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(model(torch.stack(xs)), torch.tensor(ys)).backward()
+        grads.append({n: p.grad.detach().double().clone() for n, p in model.named_parameters()})
+    return [(n, tuple(p.shape)) for n, p in model.named_parameters()], grads
+
+
+def error_table(groups: Sequence[Group], grads: list[dict[str, torch.Tensor]]) -> list[list[float]]:
+    """Per group and ladder level: unsent energy of the averaged update (error feedback) or QSGD's variance."""
+    n = len(grads)
+    out = []
+    for g in groups:
+        mats = {name: [gr[name].reshape(g.shape) if g.matrix else gr[name].reshape(-1) for gr in grads]
+                for name in g.members}
+        cfs = [lv.value for lv in g.ladder if lv.family == SPARSE]
+        sparse = [0.0] * len(cfs)
+        for xs in mats.values():
+            sparse = [a + b for a, b in zip(sparse, sparse_unsent([x.reshape(-1) for x in xs], cfs))]
+        flat = [torch.cat([gr[name].reshape(-1) for name in g.members]) for gr in grads]
+        row = []
+        for lv in g.ladder:
+            if lv.family == DENSE:
+                row.append(0.0)
+            elif lv.family == LOWRANK:
+                row.append(sum(svd_unsent(sum(xs) / n, [int(lv.value)])[0] for xs in mats.values()))
+            elif lv.family == QSGD:
+                row.append(averaged_qsgd_variance(flat, QSGD_LEVELS[lv.value]))
+            else:
+                row.append(sparse[cfs.index(lv.value)])
+        out.append(row)
+    return out
+
+
+def uniform_levels(groups: Sequence[Group], families: Sequence[str]) -> list[Level]:
+    levels = {lv for g in groups for lv in g.ladder if lv.family in families}
+    return [Level(DENSE)] + sorted(levels, key=lambda lv: (lv.family, -lv.value if lv.family != SPARSE
+                                                          else lv.value))
+
+
+def compare(groups: Sequence[Group], times: list[list[float]], errors: list[list[float]], pricer: Pricer,
+            compute: float, families: Sequence[str], reference: Level) -> dict[str, Any]:
+    """Uniform levels, the plan at the reference's error, and the plan at every uniform level's error."""
+    view = family_view(groups, families)
+    uniform = []
+    for lv in uniform_levels(groups, families):
+        codes = uniform_codes(groups, lv)
+        t, e = totals(times, errors, codes)
+        uniform.append({"level": str(lv), "codes": codes, "step_s": compute + t, "error": e,
+                        "mb": pricer.payload(groups, codes) / 1e6})
+    sweep = []
+    for u in uniform:
+        if u["level"] == "dense":
+            continue
+        best = min((v for v in uniform if v["error"] <= u["error"]), key=lambda v: v["step_s"])
+        t0 = time.perf_counter()
+        plan = solve_view(times, errors, u["error"], view, reference=best["codes"])
+        took = time.perf_counter() - t0
+        step = predicted_step(compute, times, plan.codes)
+        sweep.append({"budget_of": u["level"], "best_uniform": best["level"], "uniform_step_s": best["step_s"],
+                      "plan_step_s": step, "plan_error": plan.error,
+                      "plan_mb": pricer.payload(groups, plan.codes) / 1e6,
+                      "saving": 1.0 - step / best["step_s"], "exact": plan.exact, "solve_ms": 1e3 * took,
+                      "plan": [str(g.ladder[c]) for g, c in zip(groups, plan.codes)]})
+    at_ref = next(s for s in sweep if s["budget_of"] == str(reference))
+    return {"uniform": [{k: v for k, v in u.items() if k != "codes"} for u in uniform], "sweep": sweep,
+            "at_reference": at_ref}
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="resnet101")
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--rates", default="100mbit,1gbit")
+    ap.add_argument("--alpha", type=float, default=2e-3, help="seconds per collective (cluster fits: 1-3 ms)")
+    ap.add_argument("--compute", type=float, default=0.36,
+                    help="compute-only step in seconds (issue 42's host: 0.36; BENCHMARKS §4's: 0.64)")
+    ap.add_argument("--gemm", choices=("prior", "measure"), default="prior")
+    ap.add_argument("--out", default=None, help="write the whole result as JSON here")
+    args = ap.parse_args(argv)
+
+    t0 = time.perf_counter()
+    named, grads = gradients(args.model, args.ranks, args.batch, args.seed)
+    groups = build_groups(named)
+    errors = error_table(groups, grads)
+    signal = sq_norm(torch.cat([sum(gr[n] for gr in grads).reshape(-1) / len(grads) for n, _ in named]))
+    print(f"{args.model}: {len(groups)} groups, {sum(g.numel for g in groups):,} values, ‖ḡ‖² = {signal:.4g}; "
+          f"signals in {time.perf_counter() - t0:.1f} s")
+    codec = {LOWRANK: {GEMM: calibrate_gemm()}} if args.gemm == "measure" else None
+    result: dict[str, Any] = {"model": args.model, "groups": [g.name for g in groups], "signal": signal, "rates": {}}
+    for rate_name in args.rates.split(","):
+        pricer = Pricer(link_fits(RATES[rate_name], args.alpha, args.ranks), args.ranks, codec=codec)
+        times = pricer.times(groups)
+        per_rate = {}
+        print(f"\n=== {rate_name} (compute {args.compute:.2f} s) ===")
+        for view_name, (families, ref) in VIEWS.items():
+            res = compare(groups, times, errors, pricer, args.compute, families, ref)
+            per_rate[view_name] = res
+            print(f"-- {view_name}: uniform levels (step s / error / MB)")
+            print("   " + "; ".join(f"{u['level']} {u['step_s']:.3f}/{u['error']:.3g}/{u['mb']:.1f}"
+                                    for u in res["uniform"]))
+            for s in res["sweep"]:
+                mark = " <- reference budget" if s is res["at_reference"] else ""
+                print(f"   budget of {s['budget_of']:>14}: best uniform {s['best_uniform']:>14} "
+                      f"{s['uniform_step_s']:.3f} s, plan {s['plan_step_s']:.3f} s ({s['plan_mb']:.1f} MB), "
+                      f"saving {100 * s['saving']:5.1f}%  [{s['solve_ms']:.1f} ms, exact={s['exact']}]{mark}")
+            at = res["at_reference"]
+            print(f"   plan at the reference budget: {', '.join(f'{g.name}={lv}' for g, lv in zip(groups, at['plan']))}")
+        result["rates"][rate_name] = per_rate
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
+if __name__ == "__main__":
+    main()
