@@ -25,6 +25,7 @@ from ds_gravac.adapt.auto.ladder import (DENSE, LOWRANK, QSGD, REFERENCE, SPARSE
                                          family_view, uniform_codes)
 from ds_gravac.adapt.auto.solver import solve_view, totals
 from ds_gravac.adapt.auto.timing import GEMM, Pricer, calibrate_gemm, link_fits, predicted_step
+from ds_gravac.sync.cost_model.fits import LinearFit
 
 QSGD_LEVELS = {8.0: 127, 4.0: 7, 2.0: 1}
 RATES = {"100mbit": 1e8, "1gbit": 1e9, "10gbit": 1e10}
@@ -35,21 +36,30 @@ VIEWS = {"lowrank": ((LOWRANK,), Level(LOWRANK, REFERENCE[LOWRANK])),
          "ef (lowrank+sparse)": ((LOWRANK, SPARSE), Level(LOWRANK, REFERENCE[LOWRANK]))}
 
 
-def gradients(model_name: str, ranks: int, batch: int, seed: int) -> tuple[list[tuple[str, tuple[int, ...]]],
-                                                                           list[dict[str, torch.Tensor]]]:
-    """One backward pass per simulated rank on its own batch of the benchmark's synthetic images."""
+def gradients(model_name: str, ranks: int, batch: int, seed: int, warm_steps: int = 0
+              ) -> tuple[list[tuple[str, tuple[int, ...]]], list[dict[str, torch.Tensor]]]:
+    """One backward pass per simulated rank on its own batch of the benchmark's synthetic images, after
+    ``warm_steps`` dense steps of the benchmark's optimizer (SGD lr 0.001, momentum 0.9, weight decay 1e-4) on
+    the ranks' averaged gradients, so that the signals are not only those of the initialization."""
     from runners.data import SyntheticImageDataset
     from runners.models import build_model
 
     torch.manual_seed(seed)
     model = build_model(model_name, num_classes=10)
-    data = SyntheticImageDataset(10, ranks * batch, seed=seed)
-    grads = []
-    for w in range(ranks):
-        xs, ys = zip(*(data[i] for i in range(w * batch, (w + 1) * batch)))
-        model.zero_grad(set_to_none=True)
-        torch.nn.functional.cross_entropy(model(torch.stack(xs)), torch.tensor(ys)).backward()
-        grads.append({n: p.grad.detach().double().clone() for n, p in model.named_parameters()})
+    data = SyntheticImageDataset(10, (warm_steps + 1) * ranks * batch, seed=seed)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9, weight_decay=1e-4)
+    for step in range(warm_steps + 1):
+        grads = []
+        for w in range(ranks):
+            lo = (step * ranks + w) * batch
+            xs, ys = zip(*(data[i] for i in range(lo, lo + batch)))
+            model.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(model(torch.stack(xs)), torch.tensor(ys)).backward()
+            grads.append({n: p.grad.detach().double().clone() for n, p in model.named_parameters()})
+        if step < warm_steps:
+            for n, p in model.named_parameters():
+                p.grad = (sum(g[n] for g in grads) / ranks).float()
+            opt.step()
     return [(n, tuple(p.shape)) for n, p in model.named_parameters()], grads
 
 
@@ -65,12 +75,16 @@ def error_table(groups: Sequence[Group], grads: list[dict[str, torch.Tensor]]) -
         for xs in mats.values():
             sparse = [a + b for a, b in zip(sparse, sparse_unsent([x.reshape(-1) for x in xs], cfs))]
         flat = [torch.cat([gr[name].reshape(-1) for name in g.members]) for gr in grads]
+        ranks = [int(lv.value) for lv in g.ladder if lv.family == LOWRANK]
+        lowrank = [0.0] * len(ranks)
+        for xs in mats.values() if ranks else ():
+            lowrank = [a + b for a, b in zip(lowrank, svd_unsent(sum(xs) / n, ranks))]
         row = []
         for lv in g.ladder:
             if lv.family == DENSE:
                 row.append(0.0)
             elif lv.family == LOWRANK:
-                row.append(sum(svd_unsent(sum(xs) / n, [int(lv.value)])[0] for xs in mats.values()))
+                row.append(lowrank[ranks.index(int(lv.value))])
             elif lv.family == QSGD:
                 row.append(averaged_qsgd_variance(flat, QSGD_LEVELS[lv.value]))
             else:
@@ -109,7 +123,7 @@ def compare(groups: Sequence[Group], times: list[list[float]], errors: list[list
                       "plan_mb": pricer.payload(groups, plan.codes) / 1e6,
                       "saving": 1.0 - step / best["step_s"], "exact": plan.exact, "solve_ms": 1e3 * took,
                       "plan": [str(g.ladder[c]) for g, c in zip(groups, plan.codes)]})
-    at_ref = next(s for s in sweep if s["budget_of"] == str(reference))
+    at_ref = next((s for s in sweep if s["budget_of"] == str(reference)), None)    # None: no group takes it
     return {"uniform": [{k: v for k, v in u.items() if k != "codes"} for u in uniform], "sweep": sweep,
             "at_reference": at_ref}
 
@@ -125,20 +139,39 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--compute", type=float, default=0.36,
                     help="compute-only step in seconds (issue 42's host: 0.36; BENCHMARKS §4's: 0.64)")
     ap.add_argument("--gemm", choices=("prior", "measure"), default="prior")
+    ap.add_argument("--gemm-b", type=float, default=None, help="seconds per multiply-add (overrides --gemm)")
+    ap.add_argument("--overlap", type=float, default=0.0, help="share of wire time hidden behind backward")
+    ap.add_argument("--warm-steps", type=int, default=0, help="dense SGD steps before the signals are taken")
     ap.add_argument("--out", default=None, help="write the whole result as JSON here")
+    ap.add_argument("--signals-from", default=None, help="reuse the signals of an earlier --out JSON")
     args = ap.parse_args(argv)
 
     t0 = time.perf_counter()
-    named, grads = gradients(args.model, args.ranks, args.batch, args.seed)
-    groups = build_groups(named)
-    errors = error_table(groups, grads)
-    signal = sq_norm(torch.cat([sum(gr[n] for gr in grads).reshape(-1) / len(grads) for n, _ in named]))
+    if args.signals_from:
+        with open(args.signals_from) as f:
+            saved = json.load(f)
+        named = [(n, tuple(s)) for n, s in saved["named"]]
+        groups = build_groups(named)
+        errors, signal, result_shares = saved["errors"], saved["signal"], saved["shares"]
+    else:
+        named, grads = gradients(args.model, args.ranks, args.batch, args.seed, args.warm_steps)
+        groups = build_groups(named)
+        errors = error_table(groups, grads)
+        signal = sq_norm(torch.cat([sum(gr[n] for gr in grads).reshape(-1) / len(grads) for n, _ in named]))
+        result_shares = {g.name: sq_norm(torch.cat([sum(gr[m] for gr in grads).reshape(-1) / len(grads)
+                                                    for m in g.members])) / signal for g in groups}
     print(f"{args.model}: {len(groups)} groups, {sum(g.numel for g in groups):,} values, ‖ḡ‖² = {signal:.4g}; "
           f"signals in {time.perf_counter() - t0:.1f} s")
     codec = {LOWRANK: {GEMM: calibrate_gemm()}} if args.gemm == "measure" else None
-    result: dict[str, Any] = {"model": args.model, "groups": [g.name for g in groups], "signal": signal, "rates": {}}
+    if args.gemm_b is not None:
+        codec = {LOWRANK: {GEMM: LinearFit(20e-6, args.gemm_b)}}
+    print("share of ‖ḡ‖² per group: " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in result_shares.items()))
+    result: dict[str, Any] = {"model": args.model, "groups": [g.name for g in groups], "signal": signal,
+                              "shares": result_shares, "args": vars(args), "named": named, "errors": errors,
+                              "rates": {}}
     for rate_name in args.rates.split(","):
-        pricer = Pricer(link_fits(RATES[rate_name], args.alpha, args.ranks), args.ranks, codec=codec)
+        pricer = Pricer(link_fits(RATES[rate_name], args.alpha, args.ranks), args.ranks, codec=codec,
+                        overlap=args.overlap)
         times = pricer.times(groups)
         per_rate = {}
         print(f"\n=== {rate_name} (compute {args.compute:.2f} s) ===")
@@ -154,7 +187,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                       f"{s['uniform_step_s']:.3f} s, plan {s['plan_step_s']:.3f} s ({s['plan_mb']:.1f} MB), "
                       f"saving {100 * s['saving']:5.1f}%  [{s['solve_ms']:.1f} ms, exact={s['exact']}]{mark}")
             at = res["at_reference"]
-            print(f"   plan at the reference budget: {', '.join(f'{g.name}={lv}' for g, lv in zip(groups, at['plan']))}")
+            if at is not None:
+                print("   plan at the reference budget: "
+                      + ", ".join(f"{g.name}={lv}" for g, lv in zip(groups, at["plan"])))
         result["rates"][rate_name] = per_rate
     if args.out:
         with open(args.out, "w") as f:

@@ -54,8 +54,8 @@ def test_qsgd_sampled_blocks_are_unbiased_and_all_blocks_exact() -> None:
     full = qsgd_variance(x, 7, 128)
     assert qsgd_variance(x, 7, 128, blocks=torch.arange(40)) == pytest.approx(full, rel=1e-12)
     gen = torch.Generator().manual_seed(0)
-    draws = [qsgd_variance(x, 7, 128, blocks=torch.randint(40, (8,), generator=gen)) for _ in range(3000)]
-    assert float(np.mean(draws)) == pytest.approx(full, rel=0.02)
+    draws = [qsgd_variance(x, 7, 128, blocks=torch.randint(40, (8,), generator=gen)) for _ in range(1000)]
+    assert float(np.mean(draws)) == pytest.approx(full, rel=0.05)
     assert qsgd_variance(torch.zeros(300), 7) == 0.0
     assert qsgd_variance(x, 127) < qsgd_variance(x, 7) < qsgd_variance(x, 1)
 

@@ -140,3 +140,22 @@ def test_a_slower_link_plans_more_compression_at_the_same_budget() -> None:
         assert predicted_step(0.5, times, plan.codes) == pytest.approx(0.5 + plan.time)
         sent[rate] = pricer.payload(gs, plan.codes)
     assert sent[1e8] <= sent[1e9]
+
+
+def test_m0_replay_on_a_tiny_model_never_predicts_the_plan_slower_than_uniform(tmp_path) -> None:
+    """The offline replay end to end (real backward passes, error tables, prices, plans) on a tiny CNN: at every
+    budget the plan is within it and never predicted slower than the best uniform level that fits it."""
+    from ds_gravac_bench.auto_m0 import main
+    out = main(["--model", "tiny_cnn", "--rates", "100mbit", "--batch", "4", "--out", str(tmp_path / "m0.json")])
+    assert (tmp_path / "m0.json").exists()
+    for view in out["rates"]["100mbit"].values():
+        uniform = {u["level"]: u for u in view["uniform"]}
+        for s in view["sweep"]:
+            assert s["plan_error"] <= uniform[s["budget_of"]]["error"]
+            assert s["plan_step_s"] <= s["uniform_step_s"] + 1e-12 and s["saving"] >= -1e-12
+    again = main(["--model", "tiny_cnn", "--rates", "100mbit", "--batch", "4",
+                  "--signals-from", str(tmp_path / "m0.json")])
+    def plans(result):
+        return {name: [{k: v for k, v in s.items() if k != "solve_ms"} for s in view["sweep"]]
+                for name, view in result["rates"]["100mbit"].items()}
+    assert plans(again) == plans(out)
