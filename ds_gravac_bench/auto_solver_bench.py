@@ -60,17 +60,19 @@ def main(argv: Sequence[str] | None = None) -> None:
                                                   Level(SPARSE, 30.0), Level(SPARSE, 100.0))]
     levels = sum(len(g.ladder) for g in groups)
     print(f"ResNet101: {len(groups)} groups, {levels} levels in all, {args.rate}")
-    took, exact = [], 0
+    took, cpu, exact = [], [], 0
     for i in range(args.repeats):
         ref = refs[i % len(refs)]
         budget = totals(times, errors, ref)[1] * (0.5 + (i % 7) / 4)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         plan = solve(times, errors, budget, reference=ref)
         took.append(1e3 * (time.perf_counter() - t0))
+        cpu.append(1e3 * (time.process_time() - c0))
         exact += plan.exact
-    print(f"solve: median {statistics.median(took):.2f} ms, max {max(took):.2f} ms over {args.repeats} plans; "
-          f"exact search finished in {exact}/{args.repeats}; target < 10 ms: median/10 ms = "
-          f"{statistics.median(took) / 10:.2f}")
+    print(f"solve: wall median {statistics.median(took):.2f} ms (max {max(took):.2f}), CPU median "
+          f"{statistics.median(cpu):.2f} ms (max {max(cpu):.2f}) over {args.repeats} plans; exact search finished "
+          f"in {exact}/{args.repeats}; target < 10 ms: wall median / 10 ms = {statistics.median(took) / 10:.2f}, "
+          f"CPU median / 10 ms = {statistics.median(cpu) / 10:.2f}")
     hyst = Hysteresis(groups=len(groups))
     codes, budget = tuple(refs[0]), totals(times, errors, refs[0])[1]
     t0 = time.perf_counter()

@@ -65,14 +65,16 @@ def _check(times: Sequence[Sequence[float]], errors: Sequence[Sequence[float]], 
         raise ValueError(f"ds_gravac: the error budget must be finite (got {budget})")
 
 
-def undominated(t: np.ndarray, e: np.ndarray) -> np.ndarray:
-    """Levels no other level of the group beats: a level ``j`` goes when some ``i`` has ``t_i ≤ t_j`` and
-    ``e_i ≤ e_j``, and either is strictly smaller or ``i < j`` (with equal values the lower index wins the tie)."""
-    le = (t[:, None] <= t[None, :]) & (e[:, None] <= e[None, :])          # [i, j]: i at least as good as j
-    strict = (t[:, None] < t[None, :]) | (e[:, None] < e[None, :])
-    earlier = np.arange(t.size)[:, None] < np.arange(t.size)[None, :]
-    beaten = (le & (strict | earlier)).any(axis=0)
-    return np.flatnonzero(~beaten)
+def undominated(ts: list[np.ndarray], es: list[np.ndarray]) -> list[np.ndarray]:
+    """Per group, the levels no other level of the group beats: a level ``j`` goes when some ``i`` has
+    ``t_i ≤ t_j`` and ``e_i ≤ e_j``, and either is strictly smaller or ``i < j`` (equal values: the lower index
+    wins the tie)."""
+    every = [np.arange(t.size) for t in ts]
+    tp, ep = _padded(ts, every, np.inf), _padded(es, every, np.inf)
+    ti, tj, ei, ej = tp[:, :, None], tp[:, None, :], ep[:, :, None], ep[:, None, :]     # [g, i, j]
+    earlier = np.arange(tp.shape[1])[:, None] < np.arange(tp.shape[1])[None, :]
+    beaten = ((ti <= tj) & (ei <= ej) & ((ti < tj) | (ei < ej) | earlier)).any(axis=1)
+    return [np.flatnonzero(~beaten[g, :t.size]) for g, t in enumerate(ts)]
 
 
 def _padded(rows: list[np.ndarray], opts: list[np.ndarray], fill: float) -> np.ndarray:
@@ -209,7 +211,7 @@ def solve(times: Sequence[Sequence[float]], errors: Sequence[Sequence[float]], b
     ts = [np.asarray(r, dtype=np.float64) for r in times]
     es = [np.asarray(r, dtype=np.float64) for r in errors]
     fixed = dict(fixed or {})
-    opts = [np.array([fixed[g]]) if g in fixed else undominated(t, e) for g, (t, e) in enumerate(zip(ts, es))]
+    opts = [np.array([fixed[g]]) if g in fixed else o for g, o in enumerate(undominated(ts, es))]
 
     def plan(codes: Sequence[int], exact: bool) -> Plan:
         t, e = totals(times, errors, codes)
