@@ -20,7 +20,8 @@ from typing import Any, Sequence
 
 import torch
 
-from ds_gravac.adapt.auto.error_model import averaged_qsgd_variance, sparse_unsent, sq_norm, svd_unsent
+from ds_gravac.adapt.auto.error_model import (averaged_qsgd_variance, sparse_unsent, sq_norm, svd_unsent,
+                                              variance_budget)
 from ds_gravac.adapt.auto.ladder import (DENSE, LOWRANK, QSGD, REFERENCE, SPARSE, Group, Level, build_groups,
                                          family_view, uniform_codes)
 from ds_gravac.adapt.auto.solver import solve_view, totals
@@ -100,8 +101,10 @@ def uniform_levels(groups: Sequence[Group], families: Sequence[str]) -> list[Lev
 
 
 def compare(groups: Sequence[Group], times: list[list[float]], errors: list[list[float]], pricer: Pricer,
-            compute: float, families: Sequence[str], reference: Level) -> dict[str, Any]:
-    """Uniform levels, the plan at the reference's error, and the plan at every uniform level's error."""
+            compute: float, families: Sequence[str], reference: Level,
+            extra: Sequence[tuple[str, float]] = ()) -> dict[str, Any]:
+    """Uniform levels, the plan at the reference's error, at every uniform level's error and at the ``extra``
+    named budgets (QSGD: the variance an efficiency floor ``E_min`` allows)."""
     view = family_view(groups, families)
     uniform = []
     for lv in uniform_levels(groups, families):
@@ -110,15 +113,14 @@ def compare(groups: Sequence[Group], times: list[list[float]], errors: list[list
         uniform.append({"level": str(lv), "codes": codes, "step_s": compute + t, "error": e,
                         "mb": pricer.payload(groups, codes) / 1e6})
     sweep = []
-    for u in uniform:
-        if u["level"] == "dense":
-            continue
-        best = min((v for v in uniform if v["error"] <= u["error"]), key=lambda v: v["step_s"])
+    budgets = [(u["level"], u["error"]) for u in uniform if u["level"] != "dense"] + list(extra)
+    for name, budget in budgets:
+        best = min((v for v in uniform if v["error"] <= budget), key=lambda v: v["step_s"])
         t0 = time.perf_counter()
-        plan = solve_view(times, errors, u["error"], view, reference=best["codes"])
+        plan = solve_view(times, errors, budget, view, reference=best["codes"])
         took = time.perf_counter() - t0
         step = predicted_step(compute, times, plan.codes)
-        sweep.append({"budget_of": u["level"], "best_uniform": best["level"], "uniform_step_s": best["step_s"],
+        sweep.append({"budget_of": name, "budget": budget, "best_uniform": best["level"], "uniform_step_s": best["step_s"],
                       "plan_step_s": step, "plan_error": plan.error,
                       "plan_mb": pricer.payload(groups, plan.codes) / 1e6,
                       "saving": 1.0 - step / best["step_s"], "exact": plan.exact, "solve_ms": 1e3 * took,
@@ -176,7 +178,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         per_rate = {}
         print(f"\n=== {rate_name} (compute {args.compute:.2f} s) ===")
         for view_name, (families, ref) in VIEWS.items():
-            res = compare(groups, times, errors, pricer, args.compute, families, ref)
+            extra = [(f"E_min {e:g}", variance_budget(signal, e)) for e in (0.99, 0.95)] if QSGD in families else []
+            res = compare(groups, times, errors, pricer, args.compute, families, ref, extra)
             per_rate[view_name] = res
             print(f"-- {view_name}: uniform levels (step s / error / MB)")
             print("   " + "; ".join(f"{u['level']} {u['step_s']:.3f}/{u['error']:.3g}/{u['mb']:.1f}"
