@@ -120,7 +120,8 @@ def compare(groups: Sequence[Group], times: list[list[float]], errors: list[list
         plan = solve_view(times, errors, budget, view, reference=best["codes"])
         took = time.perf_counter() - t0
         step = predicted_step(compute, times, plan.codes)
-        sweep.append({"budget_of": name, "budget": budget, "best_uniform": best["level"], "uniform_step_s": best["step_s"],
+        sweep.append({"budget_of": name, "budget": budget, "best_uniform": best["level"],
+                      "uniform_step_s": best["step_s"],
                       "plan_step_s": step, "plan_error": plan.error,
                       "plan_mb": pricer.payload(groups, plan.codes) / 1e6,
                       "saving": 1.0 - step / best["step_s"], "exact": plan.exact, "solve_ms": 1e3 * took,

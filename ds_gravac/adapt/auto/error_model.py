@@ -25,7 +25,6 @@ Everything is float64, and the functions are pure: the same tensors give the sam
 """
 from __future__ import annotations
 
-import math
 from typing import Optional, Sequence
 
 import torch
@@ -147,10 +146,5 @@ def sq_norm(x: Tensor) -> float:
     return float(torch.dot(f, f))
 
 
-def finite_or(value: float, default: float) -> float:
-    """Keep non-finite numbers out of the controller's state."""
-    return value if math.isfinite(value) else default
-
-
 __all__ = ["qsgd_variance", "averaged_qsgd_variance", "efficiency", "variance_budget", "lowrank_unsent",
-           "averaged_factor_energies", "svd_unsent", "sparse_unsent", "sq_norm", "finite_or"]
+           "averaged_factor_energies", "svd_unsent", "sparse_unsent", "sq_norm"]

@@ -282,4 +282,5 @@ class Hysteresis:
         return new.codes, True
 
 
-__all__ = ["FRONTIER_CAP", "Plan", "Hysteresis", "lagrangian", "undominated", "pareto_search", "repair", "solve", "solve_view", "totals"]
+__all__ = ["FRONTIER_CAP", "Plan", "Hysteresis", "lagrangian", "undominated", "pareto_search", "repair", "solve",
+           "solve_view", "totals"]
