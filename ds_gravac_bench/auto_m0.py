@@ -140,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--rates", default="100mbit,1gbit")
     ap.add_argument("--alpha", type=float, default=2e-3, help="seconds per collective (cluster fits: 1-3 ms)")
     ap.add_argument("--compute", type=float, default=0.36,
-                    help="compute-only step in seconds (issue 42's host: 0.36; BENCHMARKS §4's: 0.64)")
+                    help="compute-only step in seconds (issue 42's host: 0.36; BENCHMARKS_HISTORY §3.4's: 0.64)")
     ap.add_argument("--gemm", choices=("prior", "measure"), default="prior")
     ap.add_argument("--gemm-b", type=float, default=None, help="seconds per multiply-add (overrides --gemm)")
     ap.add_argument("--overlap", type=float, default=0.0, help="share of wire time hidden behind backward")

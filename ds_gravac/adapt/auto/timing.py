@@ -15,13 +15,13 @@ the pattern its family uses, by the very formulas of ``sync/cost_model/predict.p
 Every collective is priced by the table's α–β fits ``A + B·bytes``. Those are measured at attach and refitted
 online, so a slow link prices bytes higher and the same ladder compresses more. Codec fits missing from the
 agreed table (it only calibrates the configured compressor) come from priors measured on the AMD EPYC core of
-docs/BENCHMARKS.md §1; a codec fit is looked up per family, so QSGD's ``encode@4`` (8-bit) never prices Top-k at
-CF 4.
+docs/BENCHMARKS_HISTORY.md §3.1; a codec fit is looked up per family, so QSGD's ``encode@4`` (8-bit) never prices
+Top-k at CF 4.
 
 **Overlap.** Predicted step = compute + Σ_groups exposed seconds, exposed = codec + stage/write-back +
 ``(1 − overlap)·`` wire time. The default ``overlap = 0`` hides nothing, as ``predict`` assumes: each rank has one
-core, the codec runs on it, and gloo's threads take CPU from backward while they send (BENCHMARKS.md §4: compute
-rises from 0.64 to 0.74–0.99 s once communication runs). The sum is what makes the plan a knapsack.
+core, the codec runs on it, and gloo's threads take CPU from backward while they send (BENCHMARKS_HISTORY.md
+§3.4: compute rises from 0.64 to 0.74–0.99 s once communication runs). The sum is what makes the plan a knapsack.
 """
 from __future__ import annotations
 
@@ -38,10 +38,11 @@ from .ladder import DENSE, LOWRANK, QSGD, SPARSE, Group, Level
 GEMM = "gemm"                    # seconds = A·calls + B·multiply-adds (fp32, one thread)
 LOWRANK_CALLS = 5                # BLAS calls per matrix and step: P = X·Q, Q = Xᵀ·P, G = P·Qᵀ, two QRs
 
-# Priors: one thread of the AMD EPYC core of docs/BENCHMARKS.md §1 (ResNet101's 42.5M values; seconds per element
-# per call). Stage 25 ms, a copy 15 ms; QSGD encodes at 2.1 ns per value (0.4.1), its all-gather decode of two
-# rows 41-61 ms; Top-k 119/67/52 ms at CF 10/100/1000 and a CF-100 decode of two rows 24 ms (a pass plus an
-# index_add per kept value); GEMMs at 4-6 G multiply-adds per second at rank 16 (timed on this core).
+# Priors: one thread of the AMD EPYC core of docs/BENCHMARKS_HISTORY.md §3.1 (ResNet101's 42.5M values; seconds
+# per element per call). Stage 25 ms, a copy 15 ms; QSGD encodes at 2.1 ns per value (0.4.1), its all-gather decode
+# of two rows 41-61 ms; Top-k 119/67/52 ms at CF 10/100/1000 and a CF-100 decode of two rows 24 ms (a pass plus an
+# index_add per kept value); GEMMs at 4-6 G multiply-adds per second at rank 16 (timed on a shared core of the
+# same kind while other jobs ran: an unloaded core is faster, so this prior prices low rank high).
 PRIOR_EDGES = {STAGE: LinearFit(0.0, 0.6e-9), WRITEBACK: LinearFit(0.0, 0.35e-9)}
 PRIOR_CODEC: dict[str, dict[str, LinearFit]] = {
     QSGD: {**{f"encode@{cf:g}": LinearFit(0.0, 2.1e-9) for cf in (4.0, 8.0, 16.0)},
@@ -58,7 +59,7 @@ PRIOR_CODEC: dict[str, dict[str, LinearFit]] = {
 def link_fits(rate_bit_s: float, alpha_s: float, world_size: int) -> dict[str, LinearFit]:
     """α–β fits of gloo's ring collectives on a link of ``rate_bit_s`` (per rank and direction), in bytes of
     per-rank input: an all-reduce sends ``2(N−1)/N`` of its input, an all-gather ``N−1`` times it, an all-to-all
-    ``(N−1)/N`` of it. The emulated cluster's measured all-reduce fits (docs/bench/*/meta.json) are ``A`` 1–3 ms,
+    ``(N−1)/N`` of it. The emulated cluster's all-reduce fits, recorded with its runs' results, are ``A`` 1–3 ms,
     ``B`` 8.2e-9 s/byte at 1 Gbit/s and 8.7e-8 s/byte at 100 Mbit/s: this line at N = 2."""
     if rate_bit_s <= 0 or alpha_s < 0 or world_size < 1:
         raise ValueError(f"ds_gravac: link rate {rate_bit_s} bit/s, alpha {alpha_s} s, {world_size} ranks")
