@@ -127,3 +127,69 @@ def test_sparse_unsent_equals_a_direct_sort(ranks: int) -> None:
         assert value == pytest.approx(float(left @ left), rel=1e-10, abs=1e-12), cf
     assert got[4] == pytest.approx(0.0, abs=1e-12)
     assert got[2] >= got[0] >= got[3] >= got[1]
+
+
+def test_lowrank_unsent_from_the_real_powersgd_energies_equals_the_decoded_aggregates_gap() -> None:
+    """Two simulated ranks run a real PowerSGD step (payloads summed in place of the all-reduces); the energies it
+    records for the aggregate gain give, through ``lowrank_unsent``, ‖x̄ − G‖² of the aggregate it decoded, and the
+    lower ranks' values equal projections onto the leading columns of the reduced factor (float64)."""
+    from ds_gravac.compress.powersgd import PowerSGD
+
+    n, m, r, ranks = 48, 36, 6, 2
+    gen = torch.Generator().manual_seed(5)
+    xs = [torch.randn(n * m, generator=gen) for _ in range(ranks)]
+    comps, ctxs, p1s, p2s = [], [], [], []
+    for w in range(ranks):
+        comp = PowerSGD()
+        comp.bind_levels("rank", r)
+        comp.wants_energies = True
+        ctx = CompressCtx(key="t", rank=w, world_size=ranks, seed=3, shape=(n, m),
+                          memory={"error": torch.zeros(n * m)})
+        plan = comp.tensor_plan((n, m), r)
+        p1 = Payload.allocate(plan, torch.float32)
+        comp.compress(xs[w], plan, p1, ctx, update_state=False)
+        comps.append(comp), ctxs.append(ctx), p1s.append(p1)
+    reduced_p = sum(p.words.clone() for p in p1s)
+    for w in range(ranks):
+        p1s[w].words.copy_(reduced_p)
+        p2 = Payload.allocate(p1s[w].plan.get("round2"), torch.float32)
+        comps[w].next_round(xs[w], p1s[w], p2, ctxs[w])
+        p2s.append(p2)
+    reduced_q = sum(p.words.clone() for p in p2s)
+    outs = []
+    for w in range(ranks):
+        p2s[w].words.copy_(reduced_q)
+        out = torch.zeros(n * m)
+        comps[w].decompress_rounds(p1s[w], p2s[w], out, 1.0 / ranks, ctxs[w])
+        comps[w].commit_aggregate(xs[w].clone(), out, [p1s[w], p2s[w]], ctxs[w])
+        outs.append(out)
+    energies = comps[0].component_energies(ctxs[0])
+    assert torch.equal(energies, comps[1].component_energies(ctxs[1]))        # every rank holds the same
+    xbar = (xs[0].double() + xs[1].double()).view(n, m) / ranks
+    got = lowrank_unsent(sq_norm(xbar), energies, range(r + 1))
+    assert got[r] == pytest.approx(float((xbar - outs[0].double().view(n, m)).square().sum()), rel=1e-5)
+    p = reduced_p.double().view(r, n).t()
+    for k in range(1, r + 1):
+        ph = torch.linalg.qr(p[:, :k])[0]
+        assert got[k] == pytest.approx(float((xbar - ph @ (ph.t() @ xbar)).square().sum()), rel=1e-5)
+
+
+@pytest.mark.parametrize("cf", [4.0, 30.0])
+def test_sparse_unsent_equals_the_gap_of_the_real_topk_aggregate(cf: float) -> None:
+    """Three ranks encode with the real Top-k compressor and decode the mean of their payloads: the energy the
+    aggregate leaves of the mean input is what ``sparse_unsent`` predicts."""
+    from ds_gravac.compress.topk import TopK
+
+    comp, n, ranks = TopK(), 70000, 3
+    gen = torch.Generator().manual_seed(int(cf))
+    xs = [torch.randn(n, generator=gen) * (w + 1) for w in range(ranks)]
+    plan = comp.make_plan(n, cf)
+    out = torch.zeros(n)
+    for w, x in enumerate(xs):
+        p = Payload.allocate(plan)
+        ctx = CompressCtx(key="t", rank=w, world_size=ranks, seed=1, shape=(n,))
+        comp.compress(x, plan, p, ctx, update_state=False)
+        comp.decompress(p, out, accumulate=True, scale=1.0 / ranks, ctx=ctx)
+    xbar = sum(x.double() for x in xs) / ranks
+    want = float((xbar - out.double()).square().sum())
+    assert sparse_unsent(xs, [cf])[0] == pytest.approx(want, rel=1e-5)
