@@ -156,15 +156,17 @@ def pareto_search(ts: list[np.ndarray], es: list[np.ndarray], opts: list[np.ndar
     """The exact optimum by a dynamic program over Pareto frontiers (see the module docstring); None if the
     frontier outgrew ``cap`` or nothing fits. A partial plan (time T, error E) is dropped when even the least
     error of the remaining groups exceeds the budget, or when the Lagrangian bound of its completions,
-    ``T + Σ_rest min(t + λ·e) − λ·(B − E)`` (valid for every λ ≥ 0), exceeds the incumbent."""
+    ``T + Σ_rest min(t + λ·e) − λ·(B − E)`` (valid for every λ ≥ 0; the largest over a few multiples of the
+    budget's λ, since a partial plan's remaining budget differs from the whole one), exceeds the incumbent."""
     n = len(ts)
-    suf_l, suf_e = [0.0] * (n + 1), [0.0] * (n + 1)
+    lams = np.array([0.0, 0.25 * lam, 0.5 * lam, lam, 2.0 * lam, 4.0 * lam])
+    suf_l, suf_e = np.zeros((n + 1, lams.size)), [0.0] * (n + 1)
     for g in range(n - 1, -1, -1):
         o = opts[g]
-        suf_l[g] = suf_l[g + 1] + float((ts[g][o] + lam * es[g][o]).min())
+        suf_l[g] = suf_l[g + 1] + (ts[g][o][None, :] + lams[:, None] * es[g][o][None, :]).min(axis=1)
         suf_e[g] = suf_e[g + 1] + float(es[g][o].min())
     slack_e = 1e-9 * (abs(budget) + suf_e[0]) + 1e-300
-    slack_t = 1e-9 * (abs(incumbent_time) + abs(suf_l[0]) + lam * abs(budget)) + 1e-300
+    slack_t = 1e-9 * (abs(incumbent_time) + float(np.abs(suf_l[0]).max()) + lams[-1] * abs(budget)) + 1e-300
     T, E, lex = np.zeros(1), np.zeros(1), np.zeros(1, dtype=np.int64)
     parents: list[np.ndarray] = []
     levels: list[np.ndarray] = []
@@ -173,7 +175,7 @@ def pareto_search(ts: list[np.ndarray], es: list[np.ndarray], opts: list[np.ndar
         ct = (T[:, None] + ts[g][o][None, :]).ravel()
         ce = (E[:, None] + es[g][o][None, :]).ravel()
         cl = (lex[:, None] * o.size + np.arange(o.size)[None, :]).ravel()
-        bound = ct + suf_l[g + 1] - lam * (budget - ce)
+        bound = ct + (suf_l[g + 1][None, :] - lams[None, :] * (budget - ce)[:, None]).max(axis=1)
         keep = (ce + suf_e[g + 1] <= budget + slack_e) & (bound <= incumbent_time + slack_t)
         idx = np.flatnonzero(keep)
         if idx.size == 0:
