@@ -1,0 +1,31 @@
+"""``python -m ds_gravac_bench.device_check --device cpu --tiny``: the device check runs on CPU (the device path
+forced on CPU tensors), passes, and its report names every compressor and every field."""
+from __future__ import annotations
+
+import json
+
+from ds_gravac.compress.registry import registered_names
+from ds_gravac_bench import device_check
+
+
+def test_device_check_cpu_tiny(tmp_path) -> None:
+    out = tmp_path / "report.json"
+    device_check.main(["--device", "cpu", "--tiny", "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert set(report["compressors"]) == set(registered_names())
+    for key in ("device", "torch", "copy_bandwidth_gb_s", "compressors", "dense_parity", "passed", "fields"):
+        assert key in report, key
+    assert report["copy_bandwidth_gb_s"] > 0
+    assert report["dense_parity"] == {**report["dense_parity"], "1rank": True, "2rank": True}
+    for name, entry in report["compressors"].items():
+        assert {"family", "codec", "throughput", "train_1rank", "train_2rank"} <= set(entry), name
+        assert entry["codec"]["passed"], (name, entry["codec"])
+        assert {c["dtype"] for c in entry["codec"]["cases"]} == {"float32", "bfloat16"}
+        assert entry["throughput"]["gb_per_s"] > 0 and entry["throughput"]["memory_passes"] > 0
+        for run in ("train_1rank", "train_2rank"):
+            t = entry[run]
+            assert "error" not in t, (name, run, t)
+            assert t["passed"] and t["finite"] and t["replicas_identical"], (name, run, t)
+            assert {"syncs_per_step", "sync_budget", "cuda_syncs_per_step"} <= set(t)
+        assert entry["train_2rank"]["branch"] == "cand", name       # really compressed on two ranks
+    assert report["passed"]
