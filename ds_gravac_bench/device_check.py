@@ -87,10 +87,13 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         except Exception as exc:          # a compressor that cannot run here is a failed row, not a crash
             entry["codec"] = {"error": f"{type(exc).__name__}: {exc}", "passed": False}
         report["compressors"][name] = entry
+    phases = {"codecs_s": time.perf_counter() - t0}
     count_from = max(2, steps - 2)        # steady state: after the discovery step and the first compressed one
     one = run(job, 1, "nccl" if device.type == "cuda" else "gloo", ["dense"] + names, args.device, steps,
               count_from)
+    phases["train_1rank_s"] = time.perf_counter() - t0 - phases["codecs_s"]
     two = run(job, 2, args.backend_2rank, all_names(), args.device, steps, count_from)
+    phases["train_2rank_s"] = time.perf_counter() - t0 - phases["codecs_s"] - phases["train_1rank_s"]
     for name in names:
         report["compressors"][name]["train_1rank"] = _train_summary(one, name)
         report["compressors"][name]["train_2rank"] = _train_summary(two, name)
@@ -100,6 +103,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         e["codec"].get("passed") and e["train_1rank"]["passed"] and e["train_2rank"]["passed"]
         for e in report["compressors"].values())
     report["seconds"] = time.perf_counter() - t0
+    report["phases"] = phases
     text = json.dumps(report, indent=1, default=str)
     if args.out:
         with open(args.out, "w") as fh:

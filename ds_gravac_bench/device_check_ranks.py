@@ -3,11 +3,13 @@
 communication with ``backend`` in each, and returns every rank's result (or its traceback) in rank order."""
 from __future__ import annotations
 
+import io
 import os
 import socket
 import traceback
 from typing import Any, Callable
 
+import torch
 import torch.multiprocessing as mp
 
 
@@ -23,7 +25,9 @@ def _entry(rank: int, world: int, port: int, backend: str, fn: Callable[..., Any
     try:
         import deepspeed
         deepspeed.init_distributed(dist_backend=backend, verbose=False)
-        queue.put((rank, "ok", fn(rank, world, *args)))
+        buf = io.BytesIO()
+        torch.save(fn(rank, world, *args), buf)     # bytes, not shared-memory handles: the rank may exit first
+        queue.put((rank, "ok", buf.getvalue()))
     except BaseException:       # the parent reports it; a rank must never hang the check
         queue.put((rank, "error", traceback.format_exc()))
     finally:
@@ -45,7 +49,7 @@ def run(fn: Callable[..., Any], world: int, backend: str, *args: Any, timeout: f
     try:
         for _ in range(world):
             rank, status, payload = queue.get(timeout=timeout)
-            results[rank] = payload if status == "ok" else {"error": payload}
+            results[rank] = torch.load(io.BytesIO(payload)) if status == "ok" else {"error": payload}
     except Exception as exc:      # a rank died without reporting, or the timeout passed
         for r in range(world):
             results.setdefault(r, {"error": f"no result: {exc!r}"})

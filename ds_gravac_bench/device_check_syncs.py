@@ -130,10 +130,10 @@ BUDGET: dict[str, int] = {
     "dense": 0,                         # mode "dense" checks nothing: DeepSpeed's own averaging, no statistics
     "none": STATS, "fp16": STATS, "bf16": STATS,
     "topk": STATS, "ef21": STATS,       # one stable sort per tensor: the canonical top-k without a host count
+    "randomk": STATS,                   # the shared order: a sort by counter-based keys, no count of distinct draws
     "powersgd": STATS, "acpsgd": STATS,
     "onebit": STATS, "signsgd": STATS, "efsignsgd": STATS, "terngrad": STATS, "ternary": STATS,
     "qsgd": STATS, "tbq": STATS,        # incl. the parameter-server exchange: static sizes, counter-based draws
-    "randomk": STATS + MEMBERS,         # distinct shared draws: how many were distinct is read once per tensor
     "threshold": STATS + MEMBERS,       # |x| ≥ τ: the number of entries sent is the data's, read per tensor
     "graddrop": STATS + 3 * MEMBERS,    # sampled threshold (its k-th sample value) and the candidates' count
     "dgc": STATS + 14,                  # each gathered row's real entry count, read by the decode

@@ -10,16 +10,17 @@ config key: every rank of a run must take the same path, and a config key could 
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Iterator, Union
 
 import torch
 
 _forced = False
 
 
-def host_kernels(t: torch.Tensor) -> bool:
-    """True when ``t`` takes the CPU-only host kernels (a CPU tensor, the device path not forced)."""
-    return t.device.type == "cpu" and not _forced
+def host_kernels(t: Union[torch.Tensor, torch.device]) -> bool:
+    """True when ``t`` (a tensor, or a device) takes the CPU-only host kernels (CPU, the device path not forced)."""
+    device = t if isinstance(t, torch.device) else t.device
+    return device.type == "cpu" and not _forced
 
 
 def forced() -> bool:

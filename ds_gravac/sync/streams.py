@@ -2,7 +2,7 @@
 stream per device, so that this work overlaps the rest of backward on the main stream. On any other device every
 function here is a no-op (CPU work is ordered by the host).
 
-Ordering (docs/design.md §11):
+Ordering (docs/design.md §10):
 
 - each launch first makes the side stream wait for everything queued on the main stream so far (the gradients
   backward produced, and the last use of any memory the allocator may hand out again), then runs on the side
