@@ -26,10 +26,10 @@ from ds_gravac.compress.registry import registered_names
 from . import device_check_codecs as codecs
 from .device_check_ranks import run
 from .device_check_syncs import BUDGET
-from .device_check_train import all_names, family_of, job
+from .device_check_train import MODES, all_names, family_of, job
 
 FIELDS = ("device", "torch", "copy_bandwidth_gb_s", "compressors", "family", "codec", "throughput", "train_1rank",
-          "train_2rank", "dense_parity", "syncs_per_step", "sync_budget", "cuda_syncs_per_step", "passed")
+          "train_2rank", "dense_parity", "modes", "syncs_per_step", "sync_budget", "cuda_syncs_per_step", "passed")
 
 
 def _sizes(tiny: bool) -> dict[str, Any]:
@@ -97,11 +97,11 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     for name in names:
         report["compressors"][name]["train_1rank"] = _train_summary(one, name)
         report["compressors"][name]["train_2rank"] = _train_summary(two, name)
-    report["dense_parity"] = {"1rank": _parity(one), "2rank": _parity(two),
-                              "2rank_dense": _train_summary(two, "dense")}
+    report["dense_parity"] = {"1rank": _parity(one), "2rank": _parity(two)}
+    report["modes"] = {mode: _train_summary(two, mode) for mode in MODES}
     report["passed"] = bool(report["dense_parity"]["1rank"] and report["dense_parity"]["2rank"]) and all(
         e["codec"].get("passed") and e["train_1rank"]["passed"] and e["train_2rank"]["passed"]
-        for e in report["compressors"].values())
+        for e in report["compressors"].values()) and all(m["passed"] for m in report["modes"].values())
     report["seconds"] = time.perf_counter() - t0
     report["phases"] = phases
     text = json.dumps(report, indent=1, default=str)

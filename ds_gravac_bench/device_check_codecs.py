@@ -42,31 +42,44 @@ def _ctx(comp: Any, shape: tuple[int, ...], device: torch.device) -> CompressCtx
     return ctx
 
 
+class Roundtrip:
+    """One compressor's encode and decode of one gradient ``g`` (flat fp32) of ``shape`` on ``device``: the
+    compressor, plans and buffers are made once, so calling it again times the codec alone."""
+
+    def __init__(self, name: str, g: torch.Tensor, shape: tuple[int, ...], device: torch.device) -> None:
+        self.comp = comp = lookup(name)()
+        self.g = g.to(device)
+        self.ctx = _ctx(comp, shape, device)
+        self.plan = plan = comp.tensor_plan(shape, _level(comp))
+        dtype = torch.float32 if comp.kind == Kind.SUMMABLE else torch.int32
+        self.p = Payload(plan, torch.zeros(plan.words, dtype=dtype, device=device))
+        second = plan.get("round2") if comp.rounds > 1 else None     # PowerSGD: Q from P; a 1-D tensor is plain
+        self.p2 = None if second is None else Payload(second, torch.zeros(second.words, dtype=dtype, device=device))
+        self.x = torch.empty_like(self.g)
+        self.out = torch.zeros(self.g.numel(), device=device)
+
+    def __call__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(payload words, decoded output), left on the device."""
+        comp, ctx, x = self.comp, self.ctx, self.x
+        if comp.owns_state:
+            comp.compensate(self.g, x, ctx)
+        else:
+            x.copy_(self.g)
+        comp.compress(x, self.plan, self.p, ctx, update_state=False)
+        if comp.rounds > 1:
+            if self.p2 is not None:
+                comp.next_round(x, self.p, self.p2, ctx)
+            comp.decompress_rounds(self.p, self.p2, self.out, 1.0, ctx)
+        else:
+            comp.decompress(self.p, self.out, accumulate=False, scale=1.0, ctx=ctx)
+        return self.p.words, self.out
+
+
 def roundtrip(name: str, g: torch.Tensor, shape: tuple[int, ...], device: torch.device) -> tuple[torch.Tensor,
                                                                                                  torch.Tensor]:
-    """(payload words, decoded output) of one encode/decode of the gradient ``g`` (flat fp32) on ``device``."""
-    comp = lookup(name)()
-    g = g.to(device)
-    ctx = _ctx(comp, shape, device)
-    plan = comp.tensor_plan(shape, _level(comp))
-    dtype = torch.float32 if comp.kind == Kind.SUMMABLE else torch.int32
-    p = Payload(plan, torch.zeros(plan.words, dtype=dtype, device=device))
-    x = torch.empty_like(g)
-    if comp.owns_state:
-        comp.compensate(g, x, ctx)
-    else:
-        x.copy_(g)
-    comp.compress(x, plan, p, ctx, update_state=False)
-    out = torch.zeros(g.numel(), device=device)
-    if comp.rounds > 1:            # two rounds (PowerSGD): Q from the (here: one rank's) P; a 1-D tensor is plain
-        second = plan.get("round2")
-        p2 = None if second is None else Payload(second, torch.zeros(second.words, dtype=dtype, device=device))
-        if p2 is not None:
-            comp.next_round(x, p, p2, ctx)
-        comp.decompress_rounds(p, p2, out, 1.0, ctx)
-    else:
-        comp.decompress(p, out, accumulate=False, scale=1.0, ctx=ctx)
-    return p.words.cpu(), out.cpu()
+    """(payload words, decoded output) of a fresh compressor's encode and decode, copied to the CPU."""
+    words, out = Roundtrip(name, g, shape, device)()
+    return words.cpu(), out.cpu()
 
 
 def _rel_err(out: torch.Tensor, x: torch.Tensor) -> float:
@@ -130,9 +143,9 @@ def throughput(name: str, device: torch.device, shape: tuple[int, ...], bandwidt
         n *= d
     g = torch.randn(n, generator=torch.Generator().manual_seed(1))
     with force_device_path():
-        t = timed(lambda: roundtrip(name, g, shape, device), device, repeats)
+        t = timed(Roundtrip(name, g, shape, device), device, repeats)
     nbytes = 4 * n
     return {"numel": n, "seconds": t, "gb_per_s": nbytes / t / 1e9, "memory_passes": t / (nbytes / bandwidth)}
 
 
-__all__ = ["compare", "throughput", "copy_bandwidth", "roundtrip", "TOLERANCE", "RANDOM"]
+__all__ = ["compare", "throughput", "copy_bandwidth", "roundtrip", "Roundtrip", "TOLERANCE", "RANDOM"]

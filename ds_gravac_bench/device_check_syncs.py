@@ -128,6 +128,8 @@ STATS = 1
 MEMBERS = 3
 BUDGET: dict[str, int] = {
     "dense": 0,                         # mode "dense" checks nothing: DeepSpeed's own averaging, no statistics
+    "gravac": STATS + MEMBERS,          # GraVAC over Top-k: probe gains ride on the statistics read; deriving the
+                                        # higher levels from θ_min's payload reads its real entry count per tensor
     "none": STATS, "fp16": STATS, "bf16": STATS,
     "topk": STATS, "ef21": STATS,       # one stable sort per tensor: the canonical top-k without a host count
     "randomk": STATS,                   # the shared order: a sort by counter-based keys, no count of distinct draws

@@ -13,7 +13,7 @@ import torch
 from ds_gravac.compress import sparse_select as sel
 from ds_gravac.compress.device_path import force_device_path
 from ds_gravac_bench.device_check_syncs import BUDGET, STATS, SyncCounter
-from ds_gravac_bench.device_check_train import all_names, job
+from ds_gravac_bench.device_check_train import MODES, all_names, job
 from harness import run_ranks
 
 
@@ -24,7 +24,7 @@ def runs() -> list:
 
 def test_every_compressor_has_a_budget() -> None:
     from ds_gravac.compress.registry import registered_names
-    assert set(registered_names()) | {"dense"} == set(BUDGET) == set(all_names())
+    assert set(registered_names()) | set(MODES) == set(BUDGET) == set(all_names())
 
 
 @pytest.mark.parametrize("name", all_names())

@@ -13,7 +13,7 @@ def test_device_check_cpu_tiny(tmp_path) -> None:
     device_check.main(["--device", "cpu", "--tiny", "--out", str(out)])
     report = json.loads(out.read_text())
     assert set(report["compressors"]) == set(registered_names())
-    for key in ("device", "torch", "copy_bandwidth_gb_s", "compressors", "dense_parity", "passed", "fields"):
+    for key in ("device", "torch", "copy_bandwidth_gb_s", "compressors", "dense_parity", "modes", "passed", "fields"):
         assert key in report, key
     assert report["copy_bandwidth_gb_s"] > 0
     assert report["dense_parity"] == {**report["dense_parity"], "1rank": True, "2rank": True}
@@ -28,4 +28,6 @@ def test_device_check_cpu_tiny(tmp_path) -> None:
             assert t["passed"] and t["finite"] and t["replicas_identical"], (name, run, t)
             assert {"syncs_per_step", "sync_budget", "cuda_syncs_per_step"} <= set(t)
         assert entry["train_2rank"]["branch"] == "cand", name       # really compressed on two ranks
+    assert set(report["modes"]) == {"dense", "gravac"} and all(m["passed"] for m in report["modes"].values())
+    assert report["modes"]["gravac"]["branch"] != "dense"
     assert report["passed"]

@@ -98,3 +98,14 @@ def test_randomk_order_on_the_device_path_is_a_uniform_nested_order() -> None:
             counts[random_order(100, 10, 1, step, 3, cpu)] += 1
     chi2 = float(((counts - 100) ** 2 / (100 * 0.9)).sum())     # binomial(1000, 0.1) per index
     assert chi2 < 160                                            # 99 degrees of freedom: p ≈ 1e-4
+
+
+def test_side_streams_are_no_ops_off_cuda() -> None:
+    """On CPU the side stream context runs its block in place and creates no stream; ``join`` has nothing to do."""
+    from ds_gravac.sync.streams import SideStreams
+    streams, ran = SideStreams(), []
+    g = torch.ones(3)
+    with streams.launch(torch.device("cpu"), [g, None]):
+        ran.append(True)
+    streams.join()
+    assert ran == [True] and streams._side == {}
