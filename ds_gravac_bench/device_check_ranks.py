@@ -1,4 +1,4 @@
-"""Rank processes for the device check: ``run(fn, world, backend, *args)`` starts ``world`` fresh processes
+"""Rank processes for the device check: ``run(fn, world, backend, device, *args)`` starts ``world`` fresh processes
 (spawned: CUDA cannot be used in forked children) with a TCP rendezvous on 127.0.0.1, initializes DeepSpeed's
 communication with ``backend`` in each, and returns every rank's result (or its traceback) in rank order."""
 from __future__ import annotations
@@ -19,9 +19,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank: int, world: int, port: int, backend: str, fn: Callable[..., Any], args: tuple, queue: Any) -> None:
-    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
-                       "LOCAL_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+def _entry(rank: int, world: int, port: int, backend: str, device: str, fn: Callable[..., Any], args: tuple,
+           queue: Any) -> None:
+    # DeepSpeed moves the model to LOCAL_RANK's accelerator: ranks share the GPUs there are; CPU runs ask for CPU
+    gpus = torch.cuda.device_count() if device == "cuda" else 0
+    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank % gpus if gpus else rank),
+                       "WORLD_SIZE": str(world), "LOCAL_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(port)})
+    if device == "cpu":
+        os.environ["DS_ACCELERATOR"] = "cpu"
     try:
         import deepspeed
         deepspeed.init_distributed(dist_backend=backend, verbose=False)
@@ -36,12 +42,15 @@ def _entry(rank: int, world: int, port: int, backend: str, fn: Callable[..., Any
             dist.destroy_process_group()
 
 
-def run(fn: Callable[..., Any], world: int, backend: str, *args: Any, timeout: float = 600.0) -> list[Any]:
-    """``fn(rank, world, *args)`` on each rank; a rank that failed gives ``{"error": traceback}``."""
+def run(fn: Callable[..., Any], world: int, backend: str, device: str, *args: Any, timeout: float = 600.0
+        ) -> list[Any]:
+    """``fn(rank, world, device, *args)`` on each rank of ``device`` ("cpu" or "cuda"); a rank that failed gives
+    ``{"error": traceback}``."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_entry, args=(r, world, port, backend, fn, args, queue), daemon=True)
+    procs = [ctx.Process(target=_entry, args=(r, world, port, backend, device, fn, (device,) + args, queue),
+                         daemon=True)
              for r in range(world)]
     for p in procs:
         p.start()

@@ -152,10 +152,12 @@ class _Null:
         return None
 
 
-def job(rank: int, world: int, names: list[str], device: str, steps: int, count_from: int,
+def job(rank: int, world: int, device: str, names: list[str], steps: int, count_from: int,
         device_path: bool = True) -> dict[str, Any]:
-    """Every compressor of ``names`` (and DeepSpeed's own path, for the dense parity) on this rank."""
+    """Every compressor of ``names`` (and DeepSpeed's own path, for the dense parity) on this rank of ``device``."""
     dev = torch.device(device if device != "cuda" else f"cuda:{rank % max(1, torch.cuda.device_count())}")
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
     out: dict[str, Any] = {}
     with force_device_path(device_path):
         for name in ["deepspeed"] + names:

@@ -19,7 +19,7 @@ from harness import run_ranks
 
 @pytest.fixture(scope="module")
 def runs() -> list:
-    return run_ranks(job, 2, all_names(), "cpu", 4, 2)
+    return run_ranks(job, 2, "cpu", all_names(), 4, 2)
 
 
 def test_every_compressor_has_a_budget() -> None:
