@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence, Union
 
 import torch
 
 from . import bitpack
+from .counter_rng import CounterStream
+from .device_path import host_kernels
 
 Tensor = torch.Tensor
 CHUNK = 1 << 18            # elements per block: 1 MiB of fp32, a few such buffers stay in the 1 MiB L2 and L3
@@ -97,16 +99,21 @@ def std64(x: Tensor, ws: Workspace) -> Tensor:
 
 
 # ---- randomness ------------------------------------------------------------------------------------------
-def uniform_(gen: torch.Generator, out: Tensor, ws: Workspace) -> Tensor:
+Stream = Union[torch.Generator, CounterStream]
+
+
+def uniform_(gen: Stream, out: Tensor, ws: Workspace) -> Tensor:
     """Fill the fp32 ``out`` with ``U[0, 1)`` draws from ``gen`` (24-bit grid), continuing its stream.
 
     On CPU these are exactly the values ``torch.rand(out.numel(), generator=gen)`` draws, with each pair of
     neighbours swapped, and the generator ends in the same state: torch maps a 32-bit draw ``r`` to
     ``(r mod 2^24)·2^-24``, and an int64 ``random_`` packs two draws ``r1·2^32 + r2`` at half the per-element
-    cost (1.7 against 2.8 ns per value here); reading the int64 as two int32 gives ``r2, r1``. Elsewhere it is
-    ``torch.rand`` itself."""
+    cost (1.7 against 2.8 ns per value here); reading the int64 as two int32 gives ``r2, r1``. The device path
+    passes a :class:`CounterStream` (``ds_gravac.compress.counter_rng``); any other generator gets ``torch.rand``."""
+    if isinstance(gen, CounterStream):
+        return gen.uniform_(out)
     m = out.numel()
-    if out.device.type != "cpu" or m < 2:
+    if not host_kernels(out) or m < 2:
         return torch.rand(m, generator=gen, out=out)
     h = m // 2
     w = ws.get("rng64", h, torch.int64, out.device)
@@ -117,16 +124,19 @@ def uniform_(gen: torch.Generator, out: Tensor, ws: Workspace) -> Tensor:
     return out
 
 
-def dither_(gen: torch.Generator, out: Tensor, offset: float, ws: Workspace) -> Tensor:
+def dither_(gen: Stream, out: Tensor, offset: float, ws: Workspace) -> Tensor:
     """Fill the fp32 ``out`` with ``offset + (k + ½)·2^-15``, ``k`` uniform on ``[0, 2^15)`` from ``gen``: the
     dither of stochastic rounding, ``floor(v + u)``, on a 2^-15 grid (bias at most 2^-16 of a level — below
     what an fp32 sum ``v + u`` keeps of ``u`` once ``|v| ≥ 128``), with ``offset`` folded in for free.
 
     One int64 ``random_`` yields four 15-bit draws (each 16-bit lane masked to 15 bits: the generator's int64
     never sets the top bit, so a whole-lane draw would not be uniform), a quarter of ``torch.rand``'s cost per
-    value on CPU. Elsewhere it is ``torch.rand`` itself, shifted by ``offset``."""
+    value on CPU. The device path's :class:`CounterStream` draws the same 2^-15 grid; any other generator gets
+    ``torch.rand`` shifted by ``offset``."""
+    if isinstance(gen, CounterStream):
+        return gen.dither_(out, offset)
     m = out.numel()
-    if out.device.type != "cpu":
+    if not host_kernels(out):
         return torch.rand(m, generator=gen, out=out).add_(offset)
     w = ws.get("rng15", -(-m // 4), torch.int64, out.device)
     w.random_(generator=gen).bitwise_and_(MASK15)

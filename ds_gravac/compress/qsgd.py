@@ -26,6 +26,7 @@ from pydantic import Field
 
 from . import bitpack
 from .base import CompressCtx, CompressorParams, Payload, Section, TensorPlan
+from .device_path import host_kernels
 from .qkernels import AffineDecoder, chunk_size, dither_, encode_blocks
 from .quantize import FP32_MAX, STREAM_QSGD, Quantizer, ceil_div
 
@@ -108,10 +109,15 @@ class QSGD(Quantizer):
 def block_norms(rows: Tensor) -> tuple[Tensor, bool]:
     """Euclidean norm of each row, and whether any row was irregular. One fp32 pass where the squares neither
     overflow nor underflow; the rows whose norm falls outside ``[2^-60, 2^60]`` (zero, tiny, huge or non-finite)
-    are recomputed scaled by their max |x| (whether any is, is one host synchronization per block on an
-    accelerator). With every row regular, ``|x_i|·s/ν ≤ s`` is finite: the encoder skips its NaN/inf pass."""
+    are recomputed scaled by their max |x|. Whether any is would be one host synchronization per block on an
+    accelerator, so the device path computes the scaled norm of every row (two more passes over the block) and
+    reports the block irregular (the encoder's NaN/inf pass then changes nothing on regular rows). With every row regular, ``|x_i|·s/ν ≤ s`` is finite: the encoder skips its NaN/inf pass."""
     nu = torch.linalg.vector_norm(rows, dim=1)
     odd = torch.logical_not((nu >= SAFE_LO) & (nu <= SAFE_HI))
+    if not host_kernels(rows):      # the device path: every row's scaled norm, kept where irregular; no host read
+        m = rows.abs().amax(dim=1)
+        unit = torch.where(m > 0, m, torch.ones_like(m))
+        return torch.where(odd, m * torch.linalg.vector_norm(rows / unit[:, None], dim=1), nu), True
     if bool(odd.any()):
         idx = odd.nonzero().view(-1)
         sub = rows.index_select(0, idx)

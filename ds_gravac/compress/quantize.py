@@ -38,6 +38,8 @@ from typing import ClassVar, Optional, Sequence
 import torch
 
 from . import qkernels
+from .counter_rng import CounterStream
+from .device_path import host_kernels
 from .base import (CompressCtx, Compressor, CompressorParams, Kind, Payload, Section, TensorPlan, mix_seed,
                    stable_hash)
 from .qkernels import Workspace
@@ -105,13 +107,16 @@ class Quantizer(Compressor):
         return self.worker_error_feedback
 
     # ---- randomness -------------------------------------------------------------------------------------
-    def stream(self, x: Tensor, ctx: CompressCtx, stream: int, server: bool) -> torch.Generator:
-        """Rank-local generator for ``(seed, step, key, stream[, server], rank)``; re-seeded on every call, so
-        callers draw from it immediately and never hold it across another request."""
+    def stream(self, x: Tensor, ctx: CompressCtx, stream: int, server: bool) -> qkernels.Stream:
+        """Rank-local stream for ``(seed, step, key, stream[, server], rank)``; re-seeded on every call, so
+        callers draw from it immediately and never hold it across another request. The device path draws from a
+        counter-based stream of the same seed instead of a generator (``counter_rng``)."""
         h = self._hashes.get(ctx.key)
         if h is None:
             h = self._hashes[ctx.key] = stable_hash(ctx.key)
         sid = stream ^ SERVER_STREAM if server else stream
+        if not host_kernels(x):
+            return CounterStream(mix_seed(ctx.seed, ctx.step, h, sid, ctx.rank))
         slot = (str(x.device), sid)
         gen = self._gens.get(slot)
         if gen is None:
@@ -123,7 +128,7 @@ class Quantizer(Compressor):
         """One reusable block buffer per name, ``min(step, len(x))`` elements of x's dtype on x's device."""
         return [self.ws.get(name, min(step, x.numel()), x.dtype, x.device) for name in names]
 
-    def draws(self, gen: torch.Generator, count: int, device: torch.device) -> Tensor:
+    def draws(self, gen: qkernels.Stream, count: int, device: torch.device) -> Tensor:
         """The next ``count`` draws of ``gen`` (those ``torch.rand`` would give), in a reused fp32 buffer."""
         return qkernels.uniform_(gen, self.ws.get("u", count, torch.float32, device), self.ws)
 

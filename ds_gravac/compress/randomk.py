@@ -25,7 +25,9 @@ except ImportError:  # pragma: no cover - numpy ships with deepspeed
 
 from . import sparse_select as sel
 from .base import CompressCtx, Compressor, CompressorParams, Kind, Payload, Section, TensorPlan, generator, \
-    k_for, stable_hash
+    k_for, mix_seed, stable_hash
+from .counter_rng import splitmix_block
+from .device_path import host_kernels
 
 Tensor = torch.Tensor
 STREAM_RANDOMK = 0x726E_646B          # shared: i.i.d. draws
@@ -59,8 +61,15 @@ def _draws_needed(n: int, target: int) -> int:
 
 
 def random_order(n: int, k: int, seed: int, step: int, key_hash: int, device: torch.device) -> Tensor:
-    """First k entries of the shared random order of ``[0, n)`` (int64); prefixes are nested across k."""
+    """First k entries of the shared random order of ``[0, n)`` (int64); prefixes are nested across k.
+
+    The device path sorts ``[0, n)`` by counter-based 64-bit keys of the shared stream instead: the same
+    distribution (a uniformly random order, so every prefix is a uniform k-subset), nested prefixes, and no host
+    read of how many draws were distinct (one sort of n keys per tensor and step; the result is cached)."""
     k = min(k, n)
+    if not host_kernels(device):
+        keys = splitmix_block(mix_seed(seed, step, key_hash, STREAM_RANDOMK), 0, n, device)
+        return torch.argsort(keys, stable=True)[:k]
     target = n // 2 if k > n // 2 else k
     gen = generator(device, seed, step, key_hash, STREAM_RANDOMK)
     blocks: list[Tensor] = []

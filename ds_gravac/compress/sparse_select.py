@@ -20,6 +20,8 @@ from typing import Any, Optional
 
 import torch
 
+from .device_path import host_kernels
+
 try:
     import numpy as _np
 except ImportError:  # pragma: no cover - numpy ships with every supported torch build
@@ -34,7 +36,7 @@ FP16_MAX = 65504.0
 
 
 def on_numpy(t: Tensor) -> bool:
-    return _np is not None and t.device.type == "cpu"
+    return _np is not None and host_kernels(t)
 
 
 def flatnonzero(mask: Tensor) -> Tensor:
@@ -183,12 +185,9 @@ def topk_among(a: Tensor, k: int, may_have_zeros: bool = True) -> Tensor:
         return torch.from_numpy(_np_topk(a.numpy(), k, may_have_zeros))
     if k >= c:
         return torch.arange(c, device=a.device)
-    if may_have_zeros and int(torch.count_nonzero(a)) <= k:
-        # At most k magnitudes are non-zero (an embedding's gradient: only the rows of the batch's tokens), so the
-        # selection is every non-zero plus the lowest-position zeros: the threshold is 0. Selecting the k-th value
-        # among that many ties at 0 is ~40× slower (6.5M entries, 90% zeros, k = 10%: 800 ms against 20 ms).
-        return select_at_threshold(a, 0.0, k)
-    return select_at_threshold(a, kth_largest(a, k), k)
+    # torch kernels (a GPU): one stable sort gives the same canonical set without reading a count on the host
+    # (a threshold scheme reads the k-th value, and the number of non-zeros, once per call)
+    return topk_sort(a, k)
 
 
 def topk_torch(a: Tensor, k: int) -> Tensor:
@@ -249,11 +248,15 @@ def exact_topk(x: Tensor, k: int, gen: Optional[torch.Generator]) -> tuple[Tenso
     Large tensors: a threshold from a small sample (chosen low, so ≥ k elements pass with high probability),
     one candidate pass, and an exact selection among the candidates. Correctness never depends on the
     sample: too few candidates lower the threshold (down to 0, i.e. every non-NaN element) and, if NaNs
-    still leave fewer than k, the whole tensor is selected directly.
+    still leave fewer than k, the whole tensor is selected directly. Off the host kernels (a GPU) the selection
+    is one stable sort instead: the threshold scheme reads counts on the host at every pass, the sort does not.
     """
     n = x.numel()
     if k >= n:
         return torch.arange(n, device=x.device), x.clone()
+    if not on_numpy(x):      # the device path: one stable sort, the same canonical set, no host synchronization
+        idx = topk_sort(x.abs(), k)
+        return idx, x.index_select(0, idx)
     if n < SMALL_N or gen is None or k > n // 4:
         if on_numpy(x):                        # the many small tensors: one conversion, numpy throughout
             xn = x.numpy()

@@ -14,6 +14,7 @@ import torch
 
 from ..compress.base import CompressCtx, Compressor, Kind, Payload, TensorPlan, stable_hash
 from .buckets import Bucket
+from .deferred import Scalar, scalar
 
 
 @dataclass
@@ -42,11 +43,11 @@ class SendLayout:
 class EncodeStats:
     """What encoding one bucket adds to the step's statistics."""
 
-    nums: list[float]
+    nums: list[Scalar]
     compress_s: float = 0.0
     probe_s: float = 0.0
 
-    def add_sent_norm(self, level: float, norm: float, probes: Sequence[Any], live: Sequence[bool]) -> None:
+    def add_sent_norm(self, level: float, norm: Scalar, probes: Sequence[Any], live: Sequence[bool]) -> None:
         """Add ``‖D(p)‖²`` of a payload at ``level`` to every live statistics slot that probes that level."""
         for slot, (p, ok) in enumerate(zip(probes, live)):
             if ok and float(p) == level:
@@ -206,7 +207,7 @@ class BucketCodec:
                 if lvl == base:
                     p_base = target
                 if lvl in measured:
-                    st.add_sent_norm(lvl, float(self.comp.sent_sq_norm(target, ctx)), probes, live)
+                    st.add_sent_norm(lvl, scalar(self.comp.sent_sq_norm(target, ctx)), probes, live)
                 dt = time.perf_counter() - t0
                 st.compress_s += dt
                 if lvl not in direct:

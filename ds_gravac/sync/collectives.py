@@ -101,7 +101,10 @@ class Channels:
         import torch.distributed as tdist
         n = dist.get_world_size()
         timeout = timedelta(seconds=float(timeout_s))
-        groups = [tdist.new_group(ranks=list(range(n)), timeout=timeout) for _ in range(3)]
+        # the control channel carries host tensors (statistics, decisions, agreement hashes): on NCCL it is a gloo
+        # group, so it never needs a device copy; the data channels use the default backend
+        control = None if tdist.get_backend() == "gloo" else "gloo"
+        groups = [tdist.new_group(ranks=list(range(n)), timeout=timeout, backend=b) for b in (control, None, None)]
         return cls(world_size=n, rank=dist.get_rank(), groups=groups)
 
     @property

@@ -20,6 +20,7 @@ from ..compress.base import CompressCtx, Compressor, Payload, TensorPlan
 from ..compress.quantize import Quantizer
 from .buckets import Bucket
 from .codec import EncodeStats, SendLayout
+from .deferred import Scalar, scalar
 from .server_memory import ServerResiduals, partition_size
 
 
@@ -142,17 +143,17 @@ class PartitionCodec:
                 st.probe_s += dt
         return lay, st
 
-    def _sent_norm(self, lay: SendLayout) -> float:
+    def _sent_norm(self, lay: SendLayout) -> Scalar:
         """``‖D(p)‖²`` over the bucket's real elements (the gain numerator): the padded tail of the last real
         partition decodes to something too (a sign scale, a min/max level), which is never applied."""
-        total = 0.0
+        total: Scalar = 0.0        # float64 device additions in partition order (read once: sync/deferred.py)
         for j, (p, ctx) in enumerate(zip(lay.payloads, self.part_ctxs)):
             c = self._real(j)
             if c == self.L:
-                total += float(self.comp.sent_sq_norm(p, ctx))
+                total = total + scalar(self.comp.sent_sq_norm(p, ctx))
             elif c:     # the scratch is free here: every partition of this level is encoded already
                 self.comp.decompress(p, self._pad, accumulate=False, scale=1.0, ctx=ctx)
-                total += float(self._pad[:c].double().square().sum())
+                total = total + self._pad[:c].double().square().sum()
         return total
 
     def leave_memory(self, xs: Sequence[torch.Tensor], lay: SendLayout) -> None:

@@ -18,6 +18,7 @@ from ..telemetry import stats as statvec
 from ..telemetry.stats import AgreedStats, StepStats
 from .aggregate_gain import AggregateGain
 from .collectives import Work, all_gather_async
+from .deferred import resolve
 from .step_plan import StepPlan
 
 RECORDS_KEPT = 256           # per-step records kept for pop_stats(); older ones are dropped (bounded memory)
@@ -40,6 +41,7 @@ class StepStatistics:
 
     # ---- the exchange -------------------------------------------------------------------------------------
     def exchange(self, stats: StepStats, async_op: bool) -> tuple[Work, torch.Tensor]:
+        resolve(stats)                   # the device sums and non-finite checks of the step, read once
         vals = {"den": stats.den, "den_raw": stats.den_raw, "values_sent": stats.values_sent,
                 "bytes_sent": stats.bytes_sent, "nonfinite": stats.nonfinite,
                 "nonfinite_first": stats.nonfinite_first, "lr": _current_lr(self.engine),

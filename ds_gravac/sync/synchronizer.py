@@ -20,7 +20,6 @@ What a bucket does inside an exchange, and how payloads are encoded, is not this
 """
 from __future__ import annotations
 
-import math
 import time
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
@@ -47,6 +46,7 @@ from .selection import make_selector
 from .selection_check import SharedSelectionCheck
 from .server_memory import ServerResiduals
 from .statistics import StepStatistics
+from .streams import SideStreams
 from .step_record import load_sync_state, step_record_of, sync_state_dict
 from .step_plan import ActionKind, BucketAction
 from .update_space import UpdateSpace
@@ -97,6 +97,8 @@ class Synchronizer:
         self.loss_scale: Callable[[], float] = lambda: 1.0   # ZeRO-1/2 fp16: the optimizer's current scale
         self.local_clip = 0.0              # > 0: each gradient clipped per tensor to this norm (local_clipping.py)
         self.after_write: Optional[Callable[[], None]] = None  # ZeRO-1/2: hand the averaged p.grad to partitions
+        self.streams = SideStreams()       # CUDA: launches on a side stream; elsewhere no-ops
+        self.device = self.members[0].param.device if self.members else torch.device("cpu")
         self.hooks = HookManager(engine, [m.param for m in self.members], self._begin, self._ready, self._finish)
 
     # ---- plan -------------------------------------------------------------------------------------------
@@ -160,12 +162,17 @@ class Synchronizer:
 
     def _launch_prefix(self) -> None:
         """Launch the ready buckets in plan order; with ``bulk``, buckets that one hook completed together are
-        staged and encoded back to back and their collectives issued together after the last encode."""
+        staged and encoded back to back and their collectives issued together after the last encode. On CUDA all of
+        it runs on a side stream, overlapping the rest of backward (``sync/streams.py``)."""
         run = self.running
-        while run.next_b < len(run.pending) and run.pending[run.next_b] <= 0:
-            self._launch(run.next_b)
-            run.next_b += 1
-        self._issue_held()
+        if run.next_b >= len(run.pending) or run.pending[run.next_b] > 0:
+            return
+        grads = [m.param.grad for m in self.members] if self.device.type == "cuda" else ()
+        with self.streams.launch(self.device, grads):
+            while run.next_b < len(run.pending) and run.pending[run.next_b] <= 0:
+                self._launch(run.next_b)
+                run.next_b += 1
+            self._issue_held()
 
     def _issue_held(self) -> None:
         for ex in self.running.held:
@@ -189,9 +196,8 @@ class Synchronizer:
                             tensors=[m.param.grad for m in bucket.members])
         if probes or self.check_finite:
             flat = ex.flat if ex.flat.dtype in (torch.float32, torch.float64) else ex.flat.float()
-            den = float(torch.dot(flat, flat))
-            if not math.isfinite(den):
-                self._mark_nonfinite(bucket.members)
+            den = torch.dot(flat, flat).double()            # read with the step's statistics (sync/deferred.py)
+            st.checks.append(([m.index for m in bucket.members], den, False))
             if probes:       # dense-classified tensors count fully in every gain's numerator and denominator
                 st.den += den
                 st.den_raw += den
@@ -213,9 +219,8 @@ class Synchronizer:
         for ctx, x in zip(ctxs, xs):
             ctx.residual = x
         squares = torch.stack(norms).double()
-        den = float(squares.sum())
-        if not math.isfinite(den):
-            self._mark_nonfinite([m for m, sq in zip(codec.bucket.members, squares.tolist()) if not math.isfinite(sq)])
+        den = squares.sum()                  # device values, read with the step's statistics (sync/deferred.py)
+        st.checks.append(([m.index for m in codec.bucket.members], squares, True))
         st.den += den
         if raw is not None:
             st.den_raw += sum(raw)
@@ -289,6 +294,7 @@ class Synchronizer:
         self._launch_prefix()
         self.selection_check.check()
         if run.plan.decision.deferred:
+            self.streams.join()           # CUDA: strict mode sends the side stream's staged inputs from here
             agreed = self._resolve_strict()
             self._issue_later_rounds(block=True)
         else:
@@ -296,6 +302,7 @@ class Synchronizer:
             self._issue_later_rounds(block=True)
             work.wait()
             agreed = self.stats.agree(rows, run.plan)
+        self.streams.join()               # CUDA: decode and write-back on the main stream see the side stream's work
         timings = complete_step(self, agreed)
         if self.after_write is not None:
             self.after_write()
@@ -311,8 +318,11 @@ class Synchronizer:
         self.running = None
 
     def _issue_later_rounds(self, block: bool) -> None:
-        self.running.issue_later_rounds(self.planner.max_rounds, len(self.plan.buckets),
-                                        self.channels.data_channels, block)
+        if self.planner.max_rounds < 2:
+            return
+        with self.streams.launch(self.device):
+            self.running.issue_later_rounds(self.planner.max_rounds, len(self.plan.buckets),
+                                            self.channels.data_channels, block)
 
     def _resolve_strict(self) -> AgreedStats:
         """Strict decision: blocking statistics exchange, resolve the branch, then send in plan order."""

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Union
 
 import torch
+
+Scalar = Union[float, torch.Tensor]    # a device value not read yet (ds_gravac.sync.deferred), or a float
 
 MAX_PROBES = 11   # θ_min, θ_c and up to 9 refresh CFs
 
@@ -30,9 +32,9 @@ LENGTH = len(FIELDS)
 class StepStats:
     """One rank's accumulators for the running step."""
 
-    den: float = 0.0                 # Σ ‖x‖² (compensated inputs; dense-classified tensors: ‖g‖²)
-    den_raw: float = 0.0             # Σ ‖g‖²
-    nums: list[float] = field(default_factory=list)     # Σ ‖C_θ(x)‖² per probe slot
+    den: Scalar = 0.0                # Σ ‖x‖² (compensated inputs; dense-classified tensors: ‖g‖²)
+    den_raw: Scalar = 0.0            # Σ ‖g‖²
+    nums: list[Scalar] = field(default_factory=list)    # Σ ‖C_θ(x)‖² per probe slot
     values_sent: int = 0
     bytes_sent: float = 0.0
     nonfinite: int = 0               # tensors with a NaN/Inf in their compressor input (or gradient)
@@ -40,8 +42,11 @@ class StepStats:
     compress_s: float = 0.0
     probe_s: float = 0.0
     stage_s: float = 0.0
+    # deferred non-finite checks: (member indices, their ‖x‖² or one bucket ‖g‖², per member?) — read on the host
+    # with the sums above, in one transfer before the statistics exchange (ds_gravac.sync.deferred)
+    checks: list[tuple[list[int], torch.Tensor, bool]] = field(default_factory=list)
 
-    def add_nums(self, nums: list[float]) -> None:
+    def add_nums(self, nums: list[Scalar]) -> None:
         if len(self.nums) < len(nums):
             self.nums.extend([0.0] * (len(nums) - len(self.nums)))
         for j, v in enumerate(nums):
