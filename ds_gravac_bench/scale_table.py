@@ -1,0 +1,119 @@
+"""The scale table: system × N, measured against predicted where a run exists, predicted elsewhere.
+
+Kernel costs come from a reference run (the smallest measured N with a core per rank, or ``kernels`` from
+another rate's input: then the two-rank row is predicted from kernels measured in a different run). At an
+oversubscribed N (more ranks than cores) the compute and codec parts are the same run's own medians, labelled
+``measured (oversubscribed)``: a core shared by two ranks doubles them, which no per-kernel cost predicts. DeepSpeed's
+own dense path leaves no codec records: its compute is the median of the other systems' compute in the same run.
+"""
+from __future__ import annotations
+
+import statistics
+from typing import Any, Mapping, Optional, Sequence
+
+from .scale_laws import Collectives, law_check
+from .scale_model import Kernels, kernels_from_record, predict_step
+
+PREDICTED_NS = (8, 16, 64)
+
+
+def collectives(inp: Mapping[str, Any]) -> tuple[Collectives, dict[int, dict[str, list[tuple[float, float]]]]]:
+    probes = {int(n): {op: [(float(x), float(t)) for x, t in rows] for op, rows in ops.items()}
+              for n, ops in inp["probes"]["n"].items()}
+    return Collectives.from_probes(probes), probes
+
+
+def reference_n(inp: Mapping[str, Any]) -> int:
+    ok = [int(n) for n in inp["measured"] if int(n) <= inp["cores"]]
+    if not ok:
+        raise ValueError("scale: no measured N with a core per rank to take kernel costs from")
+    return min(ok)
+
+
+def gravac_compute(records: Mapping[str, Any], systems: Sequence[str], sections: Mapping[str, Any]) -> float:
+    vals = [records[s]["compute_s"] for s in systems if sections.get(s) is not None and s in records
+            and "compute_s" in records[s]]
+    if not vals:
+        raise ValueError("scale: no ds_gravac system with a compute estimate in the run")
+    return statistics.median(vals)
+
+
+def reference_kernels(inp: Mapping[str, Any]) -> dict[str, Kernels]:
+    """Kernels per system from the reference run (DeepSpeed dense: the ds_gravac systems' median compute and
+    median stage/write-back rates)."""
+    n = reference_n(inp)
+    recs, sections, systems = inp["measured"][str(n)]["records"], inp["sections"], inp["systems"]
+    out = {sid: kernels_from_record(recs[sid], inp["workloads"][sid][str(n)], n)
+           for sid in systems if sections.get(sid) is not None and sid in recs}
+    copies = [k for k in out.values() if k.stage > 0]
+    for sid in systems:
+        if sections.get(sid) is None:
+            out[sid] = Kernels(compute_s=gravac_compute(recs, systems, sections),
+                               stage=statistics.median(k.stage for k in copies) if copies else 0.0,
+                               writeback=statistics.median(k.writeback for k in copies) if copies else 0.0)
+    return out
+
+
+def row(inp: Mapping[str, Any], sid: str, n: int, kernels: Kernels, coll: Collectives) -> dict[str, Any]:
+    """One table row; measured columns where the input has a run of this system at this N."""
+    buckets = inp["workloads"][sid][str(n)]
+    pred = predict_step(kernels, buckets, coll, n)
+    law = predict_step(kernels, buckets, coll, n, law_only=True)
+    out: dict[str, Any] = {"system": sid, "n": n, "status": "predicted", "compute_source": "reference run",
+                           "pred": pred, "pred_law_only_step": law["step"]}
+    run = inp["measured"].get(str(n))
+    rec = run["records"].get(sid) if run else None
+    if rec is None:
+        return out
+    oversubscribed = n > inp["cores"]
+    if oversubscribed:           # compute and codec: the same run's own medians
+        compute = rec.get("compute_s", gravac_compute(run["records"], inp["systems"], inp["sections"]))
+        codec = rec.get("codec_s", pred["codec"])
+        pred = {**pred, "compute": compute, "codec": codec, "step": compute + codec + pred["comm"]}
+        out["compute_source"] = "measured in this run (oversubscribed)"
+        out["pred"] = pred
+    err = pred["step"] / rec["step_s"] - 1.0 if rec.get("step_s") else None
+    out.update(status="measured", measured=rec, error=err, load=run.get("load"))
+    return out
+
+
+def build(inp: Mapping[str, Any], kernels_from: Optional[Mapping[str, Any]] = None,
+          predicted_ns: Sequence[int] = PREDICTED_NS) -> dict[str, Any]:
+    """Every row, the law check of the probes and the all-gather crossovers."""
+    coll, probes = collectives(inp)
+    source = kernels_from if kernels_from is not None else inp
+    kernels = reference_kernels(source)
+    ns = sorted({int(n) for n in inp["measured"]} | set(predicted_ns))
+    rows = [row(inp, sid, n, kernels[sid], coll) for sid in inp["systems"] for n in ns
+            if str(n) in inp["workloads"][sid]]
+    return {"model": inp["model"], "rate": inp["rate"], "cores": inp["cores"],
+            "kernels_from": f"{source['rate']} run, N={reference_n(source)}",
+            "laws": {op: {"alpha_s": law.alpha, "beta_s_per_byte": law.beta,
+                          "mbit_s": 8e-6 / law.beta if law.beta > 0 else None} for op, law in coll.laws.items()},
+            "law_check": law_check(coll, probes), "rows": rows,
+            "crossover": crossovers(inp, kernels, coll)}
+
+
+def crossovers(inp: Mapping[str, Any], kernels: Mapping[str, Kernels], coll: Collectives) -> list[dict[str, Any]]:
+    """For each system that all-gathers above two ranks: the first N (of the workload grid) at which its predicted
+    step is no shorter than each other system's (law only; one core per rank)."""
+    out = []
+    grid = sorted(int(n) for n in next(iter(inp["workloads"].values())))
+
+    def step(sid: str, n: int) -> float:
+        return predict_step(kernels[sid], inp["workloads"][sid][str(n)], coll, n, law_only=True)["step"]
+    for sid in inp["systems"]:
+        above_two = [n for n in grid if n >= 3]
+        if not above_two or not any(b["exchange"] == "allgather" for b in inp["workloads"][sid][str(above_two[0])]):
+            continue                  # not an all-gather system beyond two ranks (e.g. a quantizer's auto rule)
+        for other in inp["systems"]:
+            if other == sid:
+                continue
+            hit = next((n for n in grid if step(sid, n) >= step(other, n)), None)
+            out.append({"system": sid, "against": other, "first_n_not_faster": hit,
+                        "grid_max": grid[-1],
+                        "steps_at_first": (step(sid, hit), step(other, hit)) if hit else None,
+                        "falls_back_dense_from_n": next(
+                            (n for n in grid if all(b["exchange"] == "dense"
+                                                    for b in inp["workloads"][sid][str(n)])), None)})
+    return out
