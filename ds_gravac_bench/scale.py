@@ -22,20 +22,16 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from .scale_inputs import collect, load_input
+from .scale_inputs import collect, load_input, read_probes
 from .scale_table import build
 
 SYSTEMS = ("ds_dense", "gv_default", "gv_powersgd_r16", "gv_topk_100")
 GRID = (2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128)
 
 
-def loadavg() -> str:
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-
-
 def run(opts: argparse.Namespace) -> None:
     """Probes, then one e2e invocation per N, each recording the load around it."""
-    from .scale_probe import probe
+    from .scale_probe import loadavg, probe
 
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -116,7 +112,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     c = sub.add_parser("collect", help="keep the medians, probes and workloads the model needs")
     c.add_argument("--rate", required=True)
     c.add_argument("--run", action="append", default=[], metavar="N=DIR", help="an e2e output directory at N ranks")
-    c.add_argument("--probes", required=True)
+    c.add_argument("--probes", required=True, nargs="+",
+                   help="a `scale probe` file, or the cluster `measure` JSON of each N")
     c.add_argument("--model", default="resnet18")
     c.add_argument("--systems", default=",".join(SYSTEMS))
     c.add_argument("--grid", default=",".join(map(str, GRID)), help="world sizes the workloads are planned at")
@@ -137,7 +134,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         ids = opts.systems.split(",")
         sections = {sid: resolve_system(matrix, sid).gravac for sid in ids}
         runs = {int(k): Path(v) for k, v in (item.split("=", 1) for item in opts.run)}
-        inp = collect(opts.model, opts.rate, sections, runs, json.loads(Path(opts.probes).read_text()),
+        inp = collect(opts.model, opts.rate, sections, runs, read_probes([Path(p) for p in opts.probes]),
                       [int(n) for n in opts.grid.split(",")], opts.cores)
         Path(opts.out).write_text(json.dumps(inp, separators=(",", ":")))
         print(f"[scale collect] {opts.out}: {Path(opts.out).stat().st_size} bytes")

@@ -66,6 +66,27 @@ def collect(model: str, rate: str, sections: Mapping[str, Optional[dict[str, Any
             "probes": probes}
 
 
+def probes_from_measure(reports: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Probes in the scale format from the cluster's own ``measure`` reports (one per N; its all-gather fills a
+    list of tensors, where the exchanges gather into one tensor)."""
+    rates = {r["rate"] for r in reports}
+    if len(rates) != 1:
+        raise ValueError(f"scale: measure reports of several rates {sorted(rates)}")
+    return {"rate": rates.pop(), "source": "cluster measure",
+            "n": {str(r["ranks"]): {op: [[float(x), float(t)] for x, t in zip(r["sizes"], v["seconds"])]
+                                    for op, v in r["ops"].items()} for r in reports}}
+
+
+def read_probes(paths: Sequence[Path]) -> dict[str, Any]:
+    """One ``scale probe`` file, or the cluster ``measure`` reports of several N."""
+    docs = [json.loads(Path(p).read_text()) for p in paths]
+    if len(docs) == 1 and "n" in docs[0]:
+        return docs[0]
+    if all("ops" in d and "ranks" in d for d in docs):
+        return probes_from_measure(docs)
+    raise ValueError("scale: --probes takes one `scale probe` file or the cluster `measure` reports of each N")
+
+
 def load_input(path: Path) -> dict[str, Any]:
     data = json.loads(Path(path).read_text())
     if data.get("format") != FORMAT:

@@ -3,7 +3,7 @@
 The cluster's own ``measure`` times ``dist.all_gather`` into a list of tensors; the exchanges use
 ``all_gather_into_tensor`` and ``all_to_all_single`` through ``ds_gravac.sync.collectives``. So each rank runs
 the cost model's calibration probe itself (``cost_model.calibrate.collective_samples``: one untimed call, then the
-median of ``repeats`` calls per size) on a gloo group inside its namespace, and rank 0 prints the samples.
+median of ``repeats`` calls per size) on the gloo world group (through ``deepspeed.comm``, as in training) inside its namespace, and rank 0 prints the samples.
 
     python -m ds_gravac_bench.scale probe --ranks 2,3,4 --rate 100mbit --tag 41 --out runs/scale/probes-100mbit.json
 """
@@ -24,15 +24,16 @@ OPS = (ALL_REDUCE, ALL_GATHER, ALL_TO_ALL)
 
 def worker(spec: dict[str, Any]) -> None:
     """One rank: the calibration probe of every op at every size; rank 0 prints ``{op: [[bytes, s], ...]}``."""
+    import deepspeed
+    import deepspeed.comm as dist
     import torch
-    import torch.distributed as dist
 
     from ds_gravac.sync.cost_model.calibrate import collective_samples
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://{spec['master']}:{spec['port']}", rank=spec["rank"],
-                            world_size=spec["world"])
-    channels = SimpleNamespace(world_size=spec["world"], data=dist.group.WORLD)
+    deepspeed.init_distributed("gloo", auto_mpi_discovery=False, init_method=f"tcp://{spec['master']}:{spec['port']}",
+                               rank=spec["rank"], world_size=spec["world"])
+    channels = SimpleNamespace(world_size=spec["world"], data=None)       # None: the default (world) group
     samples = collective_samples(spec["ops"], spec["bytes"], spec["repeats"], channels)
     dist.barrier()
     dist.destroy_process_group()
@@ -40,8 +41,9 @@ def worker(spec: dict[str, Any]) -> None:
         print(json.dumps({op: [[x, t] for _, x, t in rows] for op, rows in samples.items()}))
 
 
-def uptime() -> str:
-    return Path("/proc/loadavg").read_text().split(" ", 3)[:3].__str__()
+def loadavg() -> str:
+    """The 1, 5 and 15 minute load averages (other jobs on the machine slow every measured part)."""
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 def probe(ranks: Sequence[int], rate: str, tag: int, outdir: Path, sizes: Sequence[int] = DEFAULT_BYTES,
@@ -51,7 +53,7 @@ def probe(ranks: Sequence[int], rate: str, tag: int, outdir: Path, sizes: Sequen
 
     out: dict[str, Any] = {"rate": rate, "bytes": list(sizes), "repeats": repeats, "n": {}, "load": {}}
     for n in ranks:
-        load_before = uptime()
+        load_before = loadavg()
         t0 = time.monotonic()
         with EmulatedCluster(ranks=n, rate=rate, tag=tag, outdir=outdir / f"cluster-{rate}-n{n}") as cluster:
             spec = {"world": n, "master": cluster.master_addr, "port": port, "ops": list(OPS),
@@ -64,7 +66,7 @@ def probe(ranks: Sequence[int], rate: str, tag: int, outdir: Path, sizes: Sequen
                 raise RuntimeError(f"scale probe at N={n} failed on rank {failed[0].rank}: "
                                    f"{failed[0].text()[-2000:]}")
             out["n"][str(n)] = json.loads(results[0].stdout.read_text().strip().splitlines()[-1])
-        out["load"][str(n)] = {"before": load_before, "after": uptime(), "seconds": time.monotonic() - t0}
+        out["load"][str(n)] = {"before": load_before, "after": loadavg(), "seconds": time.monotonic() - t0}
         print(f"[scale probe] {rate} N={n}: {time.monotonic() - t0:.0f} s, load {load_before} -> "
               f"{out['load'][str(n)]['after']}", flush=True)
     return out

@@ -32,11 +32,10 @@ def deepspeed_dense(params: list[tuple[str, torch.nn.Parameter]]) -> list[Bucket
 
 
 def gravac_buckets(params: list[tuple[str, torch.nn.Parameter]], section: dict[str, Any], n: int) -> list[Bucket]:
-    """The buckets of a ``"gravac"`` section at N ranks, at the level a static run sends (``initial_level``)."""
+    """The buckets of a ``"gravac"`` section at N ranks, at the level a static run sends (``static_default_level``, else ``cf``)."""
     from ds_gravac.config import parse_config
-    from ds_gravac.integration.engine import build_compressor
+    from ds_gravac.integration.engine import build_compressor, static_default_level
     from ds_gravac.sync.buckets import BucketPlan, classify
-    from ds_gravac.sync.cost_model.calibrate import initial_level
     from ds_gravac.sync.exchange import PATTERNS, exchange_name
     from ds_gravac.sync.memory import ErrorFeedbackMemory
     from ds_gravac.sync.planner import Planner
@@ -53,7 +52,8 @@ def gravac_buckets(params: list[tuple[str, torch.nn.Parameter]], section: dict[s
     planner = Planner(engine, cfg, comp, members, ErrorFeedbackMemory(comp, False), PATTERNS[name],
                       reduce_rule(n), 0, n)
     planner.build(BucketPlan.provisional_order(len(members)), frozen=True)
-    level = planner.level(initial_level(cfg, comp), 10**6)
+    default = static_default_level(cfg, comp)
+    level = planner.level(cfg.cf if default is None else default, 10**6)
     out = []
     for bucket in planner.plan.buckets:
         codec: Optional[Any] = planner.codecs.get(bucket.index)
