@@ -26,6 +26,7 @@ from .scale_inputs import collect, load_input, read_probes
 from .scale_table import build
 
 SYSTEMS = ("ds_dense", "gv_default", "gv_powersgd_r16", "gv_topk_100")
+RUN_SYSTEMS = ("compute_only_engine",) + SYSTEMS
 GRID = (2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128)
 
 
@@ -105,13 +106,15 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     r.add_argument("--ranks", default="2,3,4")
     r.add_argument("--model", default="resnet18")
     r.add_argument("--steps", type=int, default=12)
-    r.add_argument("--systems", default=",".join(SYSTEMS))
+    r.add_argument("--systems", default=",".join(RUN_SYSTEMS))
     r.add_argument("--tag", type=int, default=41)
     r.add_argument("--skip-probe", action="store_true")
     r.add_argument("--out", default="runs/scale")
     c = sub.add_parser("collect", help="keep the medians, probes and workloads the model needs")
     c.add_argument("--rate", required=True)
     c.add_argument("--run", action="append", default=[], metavar="N=DIR", help="an e2e output directory at N ranks")
+    c.add_argument("--compute", action="append", default=[], metavar="N=DIR",
+                   help="an e2e directory holding compute_only_engine at N ranks (default: the --run of N)")
     c.add_argument("--probes", required=True, nargs="+",
                    help="a `scale probe` file, or the cluster `measure` JSON of each N")
     c.add_argument("--model", default="resnet18")
@@ -133,9 +136,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         matrix = system_matrix(12)
         ids = opts.systems.split(",")
         sections = {sid: resolve_system(matrix, sid).gravac for sid in ids}
-        runs = {int(k): Path(v) for k, v in (item.split("=", 1) for item in opts.run)}
+        runs, compute = ({int(k): Path(v) for k, v in (item.split("=", 1) for item in items)}
+                         for items in (opts.run, opts.compute))
         inp = collect(opts.model, opts.rate, sections, runs, read_probes([Path(p) for p in opts.probes]),
-                      [int(n) for n in opts.grid.split(",")], opts.cores)
+                      [int(n) for n in opts.grid.split(",")], opts.cores, compute)
         Path(opts.out).write_text(json.dumps(inp, separators=(",", ":")))
         print(f"[scale collect] {opts.out}: {Path(opts.out).stat().st_size} bytes")
     else:

@@ -18,6 +18,7 @@ RECORD_KEYS = {"step_s": "time/step", "compute_s": "time/compute_est", "codec_s"
                "stage_s": "stage_s", "compress_s": "compress_s", "decompress_s": "decompress_s",
                "writeback_s": "writeback_s", "comm_wait_s": "comm_wait_s", "bytes_sent": "bytes_sent"}
 FORMAT = "ds_gravac-scale-input/1"
+COMPUTE_ID = "compute_only_engine"
 
 
 def medians(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -52,16 +53,27 @@ def run_load(run_dir: Path) -> Optional[Any]:
     return None
 
 
+def compute_only(run_dir: Path) -> Optional[dict[str, Any]]:
+    """The compute-only step of an invocation (``compute_only_engine``: one single-rank process per rank, each
+    through a DeepSpeed engine with its all-reduce off, pinned as the cluster's ranks are), with its load."""
+    recs = run_records(run_dir, [COMPUTE_ID]).get(COMPUTE_ID)
+    return None if recs is None else {**recs, "load": run_load(run_dir)}
+
+
 def collect(model: str, rate: str, sections: Mapping[str, Optional[dict[str, Any]]], runs: Mapping[int, Path],
-            probes: Mapping[str, Any], ns: Sequence[int], cores: int) -> dict[str, Any]:
-    """The compact input (see the module docstring); ``cores``: cores the cluster runs had (oversubscription)."""
+            probes: Mapping[str, Any], ns: Sequence[int], cores: int,
+            compute_runs: Optional[Mapping[int, Path]] = None) -> dict[str, Any]:
+    """The compact input (see the module docstring); ``cores``: cores the cluster runs had (oversubscription);
+    ``compute_runs``: invocations holding the compute-only step of an N (default: the run of that N)."""
     from .scale_workload import workloads
 
     systems = list(sections)
+    compute_runs = {**runs, **(compute_runs or {})}
     return {"format": FORMAT, "model": model, "rate": rate, "cores": cores, "systems": systems,
             "sections": {sid: sec for sid, sec in sections.items()},
             "workloads": workloads(model, dict(sections), sorted(set(ns) | set(runs))),
-            "measured": {str(n): {"records": run_records(Path(d), systems), "load": run_load(Path(d))}
+            "measured": {str(n): {"records": run_records(Path(d), systems), "load": run_load(Path(d)),
+                                  "compute_only": compute_only(Path(compute_runs[n]))}
                          for n, d in sorted(runs.items())},
             "probes": probes}
 

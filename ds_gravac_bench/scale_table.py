@@ -1,10 +1,12 @@
 """The scale table: system × N, measured against predicted where a run exists, predicted elsewhere.
 
-Kernel costs come from a reference run (the smallest measured N with a core per rank, or ``kernels`` from
-another rate's input: then the two-rank row is predicted from kernels measured in a different run). At an
-oversubscribed N (more ranks than cores) the compute and codec parts are the same run's own medians, labelled
-``measured (oversubscribed)``: a core shared by two ranks doubles them, which no per-kernel cost predicts. DeepSpeed's
-own dense path leaves no codec records: its compute is the median of the other systems' compute in the same run.
+At a measured N the compute part is that invocation's compute-only step (``compute_only_engine``: every rank's
+process alone on its core — or sharing it, as the cluster's ranks do when oversubscribed — through a DeepSpeed
+engine, nothing communicated), else the median ``time/compute_est`` of the ds_gravac runs; ``error_own_compute``
+puts each system's own compute estimate in its place. The codec part comes from per-element rates of a reference
+run (the smallest measured N with a core per rank, or ``kernels`` from another rate's input); at an oversubscribed
+N (more ranks than cores) it is the run's own median instead, labelled: a core shared by two ranks slows it, which
+no per-kernel cost predicts. Predicted rows take the reference run's compute and codec rates.
 """
 from __future__ import annotations
 
@@ -38,17 +40,29 @@ def gravac_compute(records: Mapping[str, Any], systems: Sequence[str], sections:
     return statistics.median(vals)
 
 
+def measured_compute(inp: Mapping[str, Any], n: int) -> tuple[float, str]:
+    """The compute part at a measured N: the compute-only engine step of that N, else the median compute
+    estimate (``time/compute_est``) of the ds_gravac systems' runs."""
+    run = inp["measured"][str(n)]
+    only = run.get("compute_only") or {}
+    if only.get("step_s"):
+        return float(only["step_s"]), "compute-only engine step"
+    return gravac_compute(run["records"], inp["systems"], inp["sections"]), "ds_gravac runs' compute estimate"
+
+
 def reference_kernels(inp: Mapping[str, Any]) -> dict[str, Kernels]:
-    """Kernels per system from the reference run (DeepSpeed dense: the ds_gravac systems' median compute and
-    median stage/write-back rates)."""
+    """Kernels per system from the reference run: compute from :func:`measured_compute`, codec rates from each
+    system's records (DeepSpeed dense: the median stage and write-back rates of the others, for its flatten and
+    copy-back)."""
     n = reference_n(inp)
     recs, sections, systems = inp["measured"][str(n)]["records"], inp["sections"], inp["systems"]
-    out = {sid: kernels_from_record(recs[sid], inp["workloads"][sid][str(n)], n)
+    compute, _ = measured_compute(inp, n)
+    out = {sid: kernels_from_record(recs[sid], inp["workloads"][sid][str(n)], n, compute)
            for sid in systems if sections.get(sid) is not None and sid in recs}
     copies = [k for k in out.values() if k.stage > 0]
     for sid in systems:
         if sections.get(sid) is None:
-            out[sid] = Kernels(compute_s=gravac_compute(recs, systems, sections),
+            out[sid] = Kernels(compute_s=compute,
                                stage=statistics.median(k.stage for k in copies) if copies else 0.0,
                                writeback=statistics.median(k.writeback for k in copies) if copies else 0.0)
     return out
@@ -65,15 +79,16 @@ def row(inp: Mapping[str, Any], sid: str, n: int, kernels: Kernels, coll: Collec
     rec = run["records"].get(sid) if run else None
     if rec is None:
         return out
-    oversubscribed = n > inp["cores"]
-    if oversubscribed:           # compute and codec: the same run's own medians
-        compute = rec.get("compute_s", gravac_compute(run["records"], inp["systems"], inp["sections"]))
-        codec = rec.get("codec_s", pred["codec"])
-        pred = {**pred, "compute": compute, "codec": codec, "step": compute + codec + pred["comm"]}
-        out["compute_source"] = "measured in this run (oversubscribed)"
-        out["pred"] = pred
-    err = pred["step"] / rec["step_s"] - 1.0 if rec.get("step_s") else None
-    out.update(status="measured", measured=rec, error=err, load=run.get("load"))
+    compute, source = measured_compute(inp, n)
+    codec = pred["codec"]
+    if n > inp["cores"]:         # oversubscribed: a shared core slows the codec too; take the run's own
+        codec = rec.get("codec_s", codec)
+        source += ", codec of this run (oversubscribed)"
+    pred = {**pred, "compute": compute, "codec": codec, "step": compute + codec + pred["comm"]}
+    own = rec.get("compute_s")
+    out.update(status="measured", measured=rec, pred=pred, compute_source=source, load=run.get("load"),
+               error=pred["step"] / rec["step_s"] - 1.0,
+               error_own_compute=None if own is None else (own + codec + pred["comm"]) / rec["step_s"] - 1.0)
     return out
 
 
