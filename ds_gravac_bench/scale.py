@@ -59,22 +59,23 @@ def _fmt(x: Optional[float], digits: int = 2) -> str:
 def markdown(table: dict[str, Any]) -> str:
     """The table as Markdown: measured rows with their error, predicted rows labelled."""
     lines = [f"{table['model']}, {table['rate']}, kernels from the {table['kernels_from']}; comm = α–β fits "
-             "(measured N: its own probe line; other N: the law)", "",
-             "| system | N | status | step measured s (p10–p90) | step predicted s | error | compute / codec / comm "
-             "predicted s | comm wait measured s | MB/step measured / predicted | load before → after |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "(measured N: its own probe line; other N: the law). Compute at a measured N: the compute-only step "
+             "of that N (\"error, own compute\": each system's own compute estimate instead).", "",
+             "| system | N | status | step measured s (p10–p90) | step predicted s | error | error, own compute | "
+             "compute / codec / comm predicted s | comm wait measured s | MB/step measured / predicted | load |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in table["rows"]:
         p, m = r["pred"], r.get("measured") or {}
         meas = f"{m['step_s']:.2f} ({m['step_p10_s']:.2f}–{m['step_p90_s']:.2f})" if "step_s" in m else "–"
-        status = r["status"] + (" (compute+codec measured, oversubscribed)" if "oversubscribed" in
-                                r["compute_source"] else "")
-        err = f"{100 * r['error']:+.1f}%" if r.get("error") is not None else "–"
+        status = r["status"] + (" (oversubscribed)" if "oversubscribed" in r["compute_source"] else "")
+        err, own = (f"{100 * r[k]:+.1f}%" if r.get(k) is not None else "–" for k in ("error", "error_own_compute"))
         mb = f"{_fmt(m.get('bytes_sent', 0) / 1e6 if m.get('bytes_sent') else None)} / {p['bytes'] / 1e6:.2f}"
         load = r.get("load") or {}
-        lines.append(f"| {r['system']} | {r['n']} | {status} | {meas} | {p['step']:.2f} | {err} | "
+        lines.append(f"| {r['system']} | {r['n']} | {status} | {meas} | {p['step']:.2f} | {err} | {own} | "
                      f"{p['compute']:.2f} / {p['codec']:.2f} / {p['comm']:.2f} | {_fmt(m.get('comm_wait_s'))} | {mb} "
-                     f"| {load.get('before', '–')} → {load.get('after', '–')} |")
-    lines += ["", "| op | α ms | β → Mbit/s | law vs probes, worst error per N |", "|---|---|---|---|"]
+                     f"| {load.get('before', '–')} → {load.get('after', '–')} |".replace("– → –", "–"))
+    lines += ["", f"Laws fitted on the probes at N = {', '.join(map(str, table['law_fitted_on_n']))}:", "",
+              "| op | α ms | β → Mbit/s | law vs probes, worst error per N |", "|---|---|---|---|"]
     for op, law in table["laws"].items():
         worst = ", ".join(f"N={c['n']}: {100 * c['law_max_err']:+.0f}%" for c in table["law_check"] if c["op"] == op)
         lines.append(f"| {op} | {1e3 * law['alpha_s']:.3f} | {_fmt(law['mbit_s'], 1)} | {worst} |")

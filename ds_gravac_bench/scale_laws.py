@@ -9,7 +9,7 @@ sequential message steps ``s(N)`` times a per-message latency ``α`` plus the by
     all-gather (ring)                                s = N−1      f = N−1
     all-to-all (pairwise)                            s = N−1      f = (N−1)/N
 
-``α`` and ``β`` of an operation are fitted over the probes of every measured N at once, by the project's own
+``α`` and ``β`` of an operation are fitted over the probes of the measured N ≥ 3 at once (all N if none), by the project's own
 non-negative least squares (``fits.least_squares``) on relative errors: each probe ``(x, t)`` at N becomes the
 sample ``(s(N)/t, f(N)·x/t, 1)``. :func:`law_check` reports how far each measured N's own fit is from the law; a
 measured N keeps its own fit (``per_n``), the law answers for the others.
@@ -81,13 +81,19 @@ class Collectives:
         own = self.per_n.get(n, {}).get(op)
         return own if own is not None and not law_only else self.laws[op].fit_at(n)
 
+    law_ns: tuple[int, ...] = ()
+
     @classmethod
-    def from_probes(cls, probes: Mapping[int, Mapping[str, Sequence[Probe]]]) -> "Collectives":
-        """``probes[N][op] = [(bytes, seconds), ...]``."""
+    def from_probes(cls, probes: Mapping[int, Mapping[str, Sequence[Probe]]], law_min_n: int = 3
+                    ) -> "Collectives":
+        """``probes[N][op] = [(bytes, seconds), ...]``; the laws are fitted on the N ≥ ``law_min_n`` (all N when
+        none is that large): gloo's two-rank all-gather and all-to-all do not follow the ring and pairwise
+        lines that hold from three ranks on (docs/SCALE.md), and the law is for extrapolating to large N."""
         ops = sorted({op for rows in probes.values() for op in rows})
-        laws = {op: fit_law(op, {n: rows[op] for n, rows in probes.items() if op in rows}) for op in ops}
+        law_ns = tuple(sorted(n for n in probes if n >= law_min_n)) or tuple(sorted(probes))
+        laws = {op: fit_law(op, {n: probes[n][op] for n in law_ns if op in probes[n]}) for op in ops}
         per_n = {n: {op: fit_per_n(r) for op, r in rows.items()} for n, rows in probes.items()}
-        return cls(laws, per_n)
+        return cls(laws, per_n, law_ns)
 
 
 def law_check(coll: Collectives, probes: Mapping[int, Mapping[str, Sequence[Probe]]]) -> list[dict]:

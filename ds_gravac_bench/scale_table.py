@@ -103,6 +103,7 @@ def build(inp: Mapping[str, Any], kernels_from: Optional[Mapping[str, Any]] = No
             if str(n) in inp["workloads"][sid]]
     return {"model": inp["model"], "rate": inp["rate"], "cores": inp["cores"],
             "kernels_from": f"{source['rate']} run, N={reference_n(source)}",
+            "law_fitted_on_n": list(coll.law_ns),
             "laws": {op: {"alpha_s": law.alpha, "beta_s_per_byte": law.beta,
                           "mbit_s": 8e-6 / law.beta if law.beta > 0 else None} for op, law in coll.laws.items()},
             "law_check": law_check(coll, probes), "rows": rows,

@@ -62,7 +62,10 @@ def test_measured_n_keeps_its_own_line_other_n_use_the_law() -> None:
     coll = Collectives.from_probes(probes)
     own = coll.fit("all_gather", 2)
     assert own.b == pytest.approx(1.3 * BETA, rel=1e-6)           # the slow two-rank gather is kept as measured
-    assert coll.fit("all_gather", 2, law_only=True).b != pytest.approx(own.b, rel=1e-3)
+    assert coll.law_ns == (3, 4)                                   # the law leaves the two-rank probes out
+    assert coll.fit("all_gather", 2, law_only=True).b == pytest.approx(BETA, rel=1e-6)
+    only_two = Collectives.from_probes({2: probes[2]})             # nothing from three ranks on: all N
+    assert only_two.law_ns == (2,) and only_two.laws["all_gather"].beta == pytest.approx(1.3 * BETA, rel=1e-6)
     law8 = coll.fit("all_reduce", 8)
     assert law8.a == pytest.approx(14 * ALPHA, rel=1e-3) and law8.b == pytest.approx(1.75 * BETA, rel=1e-3)
 
