@@ -6,15 +6,16 @@ measured steps on the emulated cluster (docs/SCALE.md).
         --probes runs/scale/probes-100mbit.json --out docs/bench/scale/input-100mbit.json
     python -m ds_gravac_bench.scale table docs/bench/scale/input-100mbit.json [--kernels input-1gbit.json] \
         [--json docs/bench/scale/table-100mbit.json] [--csv ...]
+    python -m ds_gravac_bench.scale summary docs/bench/scale/table-100mbit.json docs/bench/scale/table-1gbit.json
 
 ``run`` probes the collectives at each N (``scale_probe``) and runs the end-to-end benchmark with the systems at
 each N (``ds_gravac_bench.e2e``, ``--steps`` steps), writing the machine load before and after each run; ``collect``
-keeps what the model needs (``scale_inputs``); ``table`` prints the table (``scale_table``) as Markdown.
+keeps what the model needs (``scale_inputs``); ``table`` prints the table (``scale_table``) as Markdown;
+``summary`` sets several rates' tables side by side (``scale_report``).
 """
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import subprocess
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from .scale_inputs import collect, load_input, read_probes
+from .scale_report import markdown, summary, write_csv
 from .scale_table import build
 
 SYSTEMS = ("ds_dense", "gv_default", "gv_powersgd_r16", "gv_topk_100")
@@ -50,53 +52,6 @@ def run(opts: argparse.Namespace) -> None:
             rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy()).returncode
         (run_dir / "load.json").write_text(json.dumps({"before": before, "after": loadavg(), "returncode": rc}))
         print(f"[scale run] {opts.rate} N={n}: exit {rc}, load {before} -> {loadavg()}", flush=True)
-
-
-def _fmt(x: Optional[float], digits: int = 2) -> str:
-    return "–" if x is None else f"{x:.{digits}f}"
-
-
-def markdown(table: dict[str, Any]) -> str:
-    """The table as Markdown: measured rows with their error, predicted rows labelled."""
-    lines = [f"{table['model']}, {table['rate']}, kernels from the {table['kernels_from']}; comm = α–β fits "
-             "(measured N: its own probe line; other N: the law). Compute at a measured N: the compute-only step "
-             "of that N (\"error, own compute\": each system's own compute estimate instead).", "",
-             "| system | N | status | step measured s (p10–p90) | step predicted s | error | error, own compute | "
-             "compute / codec / comm predicted s | comm wait measured s | MB/step measured / predicted | load |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in table["rows"]:
-        p, m = r["pred"], r.get("measured") or {}
-        meas = f"{m['step_s']:.2f} ({m['step_p10_s']:.2f}–{m['step_p90_s']:.2f})" if "step_s" in m else "–"
-        status = r["status"] + (" (oversubscribed)" if "oversubscribed" in r["compute_source"] else "")
-        err, own = (f"{100 * r[k]:+.1f}%" if r.get(k) is not None else "–" for k in ("error", "error_own_compute"))
-        mb = f"{_fmt(m.get('bytes_sent', 0) / 1e6 if m.get('bytes_sent') else None)} / {p['bytes'] / 1e6:.2f}"
-        load = r.get("load") or {}
-        lines.append(f"| {r['system']} | {r['n']} | {status} | {meas} | {p['step']:.2f} | {err} | {own} | "
-                     f"{p['compute']:.2f} / {p['codec']:.2f} / {p['comm']:.2f} | {_fmt(m.get('comm_wait_s'))} | {mb} "
-                     f"| {load.get('before', '–')} → {load.get('after', '–')} |".replace("– → –", "–"))
-    lines += ["", f"Laws fitted on the probes at N = {', '.join(map(str, table['law_fitted_on_n']))}:", "",
-              "| op | α ms | β → Mbit/s | law vs probes, worst error per N |", "|---|---|---|---|"]
-    for op, law in table["laws"].items():
-        worst = ", ".join(f"N={c['n']}: {100 * c['law_max_err']:+.0f}%" for c in table["law_check"] if c["op"] == op)
-        lines.append(f"| {op} | {1e3 * law['alpha_s']:.3f} | {_fmt(law['mbit_s'], 1)} | {worst} |")
-    lines += ["", "| all-gather system | against | first N where it is not faster (law, a core per rank) |",
-              "|---|---|---|"]
-    for c in table["crossover"]:
-        hit = c["first_n_not_faster"]
-        lines.append(f"| {c['system']} | {c['against']} | {hit if hit else '> ' + str(c['grid_max'])} |")
-    return "\n".join(lines)
-
-
-def write_csv(table: dict[str, Any], path: Path) -> None:
-    with open(path, "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(["system", "n", "status", "step_measured_s", "step_predicted_s", "error", "compute_s", "codec_s",
-                    "comm_s", "comm_wait_measured_s", "bytes_measured", "bytes_predicted", "compute_source"])
-        for r in table["rows"]:
-            p, m = r["pred"], r.get("measured") or {}
-            w.writerow([r["system"], r["n"], r["status"], m.get("step_s"), round(p["step"], 4), r.get("error"),
-                        round(p["compute"], 4), round(p["codec"], 4), round(p["comm"], 4), m.get("comm_wait_s"),
-                        m.get("bytes_sent"), round(p["bytes"]), r["compute_source"]])
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
@@ -128,6 +83,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     t.add_argument("--kernels", default=None, help="take kernel costs from another rate's input")
     t.add_argument("--json", default=None)
     t.add_argument("--csv", default=None)
+    m = sub.add_parser("summary", help="validation and predicted rows of several rates' tables (docs/SCALE.md)")
+    m.add_argument("tables", nargs="+", help="JSON written by `table --json`")
     opts = parser.parse_args(argv)
     if opts.cmd == "run":
         run(opts)
@@ -143,6 +100,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                       [int(n) for n in opts.grid.split(",")], opts.cores, compute)
         Path(opts.out).write_text(json.dumps(inp, separators=(",", ":")))
         print(f"[scale collect] {opts.out}: {Path(opts.out).stat().st_size} bytes")
+    elif opts.cmd == "summary":
+        print(summary([json.loads(Path(p).read_text()) for p in opts.tables]))
     else:
         table = build(load_input(Path(opts.input)), load_input(Path(opts.kernels)) if opts.kernels else None)
         if opts.json:

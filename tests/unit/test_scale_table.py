@@ -92,3 +92,15 @@ def test_bad_input_is_refused(tmp_path: Path) -> None:
     p.write_text(json.dumps({"format": "something-else"}))
     with pytest.raises(ValueError, match="not a scale input"):
         load_input(p)
+
+
+def test_cli_summary_sets_rates_side_by_side(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    table = build(load_input(FIXTURE))
+    other = {**table, "rate": "1gbit"}
+    paths = [tmp_path / "a.json", tmp_path / "b.json"]
+    for p, t in zip(paths, (table, other)):
+        p.write_text(json.dumps(t))
+    scale.main(["summary", *map(str, paths)])
+    out = capsys.readouterr().out
+    assert "100mbit: measured s" in out and "1gbit: measured s" in out
+    assert out.count("| gv_topk | 64 | **predicted**") == 1 and "‡" in out
