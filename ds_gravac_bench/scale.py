@@ -81,6 +81,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     t = sub.add_parser("table", help="the table of a collected input")
     t.add_argument("input")
     t.add_argument("--kernels", default=None, help="take kernel costs from another rate's input")
+    t.add_argument("--compute-s", type=float, default=None,
+                   help="compute seconds per step for the predicted rows (default: the reference run's estimate)")
     t.add_argument("--json", default=None)
     t.add_argument("--csv", default=None)
     m = sub.add_parser("summary", help="validation and predicted rows of several rates' tables (docs/SCALE.md)")
@@ -103,7 +105,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     elif opts.cmd == "summary":
         print(summary([json.loads(Path(p).read_text()) for p in opts.tables]))
     else:
-        table = build(load_input(Path(opts.input)), load_input(Path(opts.kernels)) if opts.kernels else None)
+        table = build(load_input(Path(opts.input)), load_input(Path(opts.kernels)) if opts.kernels else None,
+                      compute_s=opts.compute_s)
         if opts.json:
             Path(opts.json).write_text(json.dumps(table, indent=1))
         if opts.csv:

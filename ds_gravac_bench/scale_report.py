@@ -13,19 +13,19 @@ def _fmt(x: Optional[float], digits: int = 2) -> str:
 def markdown(table: dict[str, Any]) -> str:
     """The table as Markdown: measured rows with their error, predicted rows labelled."""
     lines = [f"{table['model']}, {table['rate']}, kernels from the {table['kernels_from']}; comm = α–β fits "
-             "(measured N: its own probe line; other N: the law). Compute at a measured N: the compute-only step "
-             "of that N (\"error, own compute\": each system's own compute estimate instead).", "",
-             "| system | N | status | step measured s (p10–p90) | step predicted s | error | error, own compute | "
+             "(measured N: its own probe line; other N: the law). Compute at a measured N: each system's own compute "
+             "estimate of the same run (\"error, compute-only\": a separate compute-only run's step instead).", "",
+             "| system | N | status | step measured s (p10–p90) | step predicted s | error | error, compute-only | "
              "compute / codec / comm predicted s | comm wait measured s | MB/step measured / predicted | load |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in table["rows"]:
         p, m = r["pred"], r.get("measured") or {}
         meas = f"{m['step_s']:.2f} ({m['step_p10_s']:.2f}–{m['step_p90_s']:.2f})" if "step_s" in m else "–"
         status = r["status"] + (" (oversubscribed)" if "oversubscribed" in r["compute_source"] else "")
-        err, own = (f"{100 * r[k]:+.1f}%" if r.get(k) is not None else "–" for k in ("error", "error_own_compute"))
+        err, alt = (f"{100 * r[k]:+.1f}%" if r.get(k) is not None else "–" for k in ("error", "error_compute_only"))
         mb = f"{_fmt(m.get('bytes_sent', 0) / 1e6 if m.get('bytes_sent') else None)} / {p['bytes'] / 1e6:.2f}"
         load = r.get("load") or {}
-        lines.append(f"| {r['system']} | {r['n']} | {status} | {meas} | {p['step']:.2f} | {err} | {own} | "
+        lines.append(f"| {r['system']} | {r['n']} | {status} | {meas} | {p['step']:.2f} | {err} | {alt} | "
                      f"{p['compute']:.2f} / {p['codec']:.2f} / {p['comm']:.2f} | {_fmt(m.get('comm_wait_s'))} | {mb} "
                      f"| {load.get('before', '–')} → {load.get('after', '–')} |".replace("– → –", "–"))
     lines += ["", f"Laws fitted on the probes at N = {', '.join(map(str, table['law_fitted_on_n']))}:", "",
@@ -65,7 +65,7 @@ def summary(tables: Sequence[dict[str, Any]]) -> str:
     measured = sorted({k[1] for by in rows for k, r in by.items() if r["status"] == "measured"})
     predicted = sorted({k[1] for by in rows for k, r in by.items() if r["status"] == "predicted"})
     out = ["| system | N | " + " | ".join(f"{rate}: measured s | predicted s (compute / codec / comm) | error "
-                                           f"(own compute)" for rate in rates) + " |",
+                                           f"(compute-only)" for rate in rates) + " |",
            "|---|---|" + "---|---|---|" * len(rates)]
     for sid in systems:
         for n in measured:
@@ -78,7 +78,7 @@ def summary(tables: Sequence[dict[str, Any]]) -> str:
                 p, m = r["pred"], r["measured"]
                 over = " ‡" if "oversubscribed" in r["compute_source"] else ""
                 cells += [f"{m['step_s']:.2f}", f"{p['step']:.2f} ({p['compute']:.2f} / {p['codec']:.2f} / "
-                          f"{p['comm']:.2f}){over}", f"{_pct(r['error'])} ({_pct(r.get('error_own_compute'))})"]
+                          f"{p['comm']:.2f}){over}", f"{_pct(r['error'])} ({_pct(r.get('error_compute_only'))})"]
             out.append(f"| {sid} | {n} | " + " | ".join(cells) + " |")
     out += ["", "| system | N | " + " | ".join(f"{rate}: predicted step s (compute / codec / comm) | MB/step"
                                                for rate in rates) + " |", "|---|---|" + "---|---|" * len(rates)]

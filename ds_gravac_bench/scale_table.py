@@ -1,12 +1,13 @@
 """The scale table: system × N, measured against predicted where a run exists, predicted elsewhere.
 
-At a measured N the compute part is that invocation's compute-only step (``compute_only_engine``: every rank's
-process alone on its core — or sharing it, as the cluster's ranks do when oversubscribed — through a DeepSpeed
-engine, nothing communicated), else the median ``time/compute_est`` of the ds_gravac runs; ``error_own_compute``
-puts each system's own compute estimate in its place. The codec part comes from per-element rates of a reference
-run (the smallest measured N with a core per rank, or ``kernels`` from another rate's input); at an oversubscribed
-N (more ranks than cores) it is the run's own median instead, labelled: a core shared by two ranks slows it, which
-no per-kernel cost predicts. Predicted rows take the reference run's compute and codec rates.
+At a measured N the compute part comes from the same invocation: each system's own compute estimate
+(``time/compute_est`` = step − codec − exposed wait), and for DeepSpeed's own path, which leaves none, the median
+estimate of the ds_gravac runs. (On a loaded machine a separate compute-only run sees another load: its step is
+kept beside, as ``error_compute_only``.) The codec part comes from per-element rates of a reference run (the
+smallest measured N with a core per rank, or ``kernels`` from another rate's input); at an oversubscribed N (more
+ranks than cores) it is the run's own median instead, labelled: a core shared by two ranks slows it, which no
+per-kernel cost predicts. Predicted rows take the reference run's median compute estimate (or ``compute_s``)
+and its codec rates.
 """
 from __future__ import annotations
 
@@ -40,23 +41,23 @@ def gravac_compute(records: Mapping[str, Any], systems: Sequence[str], sections:
     return statistics.median(vals)
 
 
-def measured_compute(inp: Mapping[str, Any], n: int) -> tuple[float, str]:
-    """The compute part at a measured N: the compute-only engine step of that N, else the median compute
-    estimate (``time/compute_est``) of the ds_gravac systems' runs."""
+def measured_compute(inp: Mapping[str, Any], n: int, sid: str) -> tuple[float, str]:
+    """The compute part of a system at a measured N, from the same invocation: its own compute estimate
+    (``time/compute_est``), else (DeepSpeed's own path leaves none) the median estimate of the ds_gravac runs."""
     run = inp["measured"][str(n)]
-    only = run.get("compute_only") or {}
-    if only.get("step_s"):
-        return float(only["step_s"]), "compute-only engine step"
-    return gravac_compute(run["records"], inp["systems"], inp["sections"]), "ds_gravac runs' compute estimate"
+    own = run["records"].get(sid, {}).get("compute_s")
+    if own is not None:
+        return float(own), "own compute estimate"
+    return gravac_compute(run["records"], inp["systems"], inp["sections"]), "ds_gravac runs' median compute estimate"
 
 
-def reference_kernels(inp: Mapping[str, Any]) -> dict[str, Kernels]:
-    """Kernels per system from the reference run: compute from :func:`measured_compute`, codec rates from each
-    system's records (DeepSpeed dense: the median stage and write-back rates of the others, for its flatten and
-    copy-back)."""
+def reference_kernels(inp: Mapping[str, Any], compute_s: Optional[float] = None) -> dict[str, Kernels]:
+    """Kernels per system from the reference run: compute = the median compute estimate of its ds_gravac runs
+    (or ``compute_s``), codec rates from each system's records (DeepSpeed dense: the median stage and
+    write-back rates of the others, for its flatten and copy-back)."""
     n = reference_n(inp)
     recs, sections, systems = inp["measured"][str(n)]["records"], inp["sections"], inp["systems"]
-    compute, _ = measured_compute(inp, n)
+    compute = gravac_compute(recs, systems, sections) if compute_s is None else compute_s
     out = {sid: kernels_from_record(recs[sid], inp["workloads"][sid][str(n)], n, compute)
            for sid in systems if sections.get(sid) is not None and sid in recs}
     copies = [k for k in out.values() if k.stage > 0]
@@ -79,30 +80,34 @@ def row(inp: Mapping[str, Any], sid: str, n: int, kernels: Kernels, coll: Collec
     rec = run["records"].get(sid) if run else None
     if rec is None:
         return out
-    compute, source = measured_compute(inp, n)
+    compute, source = measured_compute(inp, n, sid)
     codec = pred["codec"]
     if n > inp["cores"]:         # oversubscribed: a shared core slows the codec too; take the run's own
         codec = rec.get("codec_s", codec)
         source += ", codec of this run (oversubscribed)"
     pred = {**pred, "compute": compute, "codec": codec, "step": compute + codec + pred["comm"]}
-    own = rec.get("compute_s")
+    only = (run.get("compute_only") or {}).get("step_s")
     out.update(status="measured", measured=rec, pred=pred, compute_source=source, load=run.get("load"),
                error=pred["step"] / rec["step_s"] - 1.0,
-               error_own_compute=None if own is None else (own + codec + pred["comm"]) / rec["step_s"] - 1.0)
+               error_compute_only=None if only is None else (only + codec + pred["comm"]) / rec["step_s"] - 1.0,
+               compute_only_s=only)
     return out
 
 
 def build(inp: Mapping[str, Any], kernels_from: Optional[Mapping[str, Any]] = None,
-          predicted_ns: Sequence[int] = PREDICTED_NS) -> dict[str, Any]:
-    """Every row, the law check of the probes and the all-gather crossovers."""
+          predicted_ns: Sequence[int] = PREDICTED_NS, compute_s: Optional[float] = None) -> dict[str, Any]:
+    """Every row, the law check of the probes and the all-gather crossovers; ``compute_s`` replaces the
+    reference compute of the predicted rows (e.g. a quiet machine's)."""
     coll, probes = collectives(inp)
     source = kernels_from if kernels_from is not None else inp
-    kernels = reference_kernels(source)
+    kernels = reference_kernels(source, compute_s)
     ns = sorted({int(n) for n in inp["measured"]} | set(predicted_ns))
     rows = [row(inp, sid, n, kernels[sid], coll) for sid in inp["systems"] for n in ns
             if str(n) in inp["workloads"][sid]]
     return {"model": inp["model"], "rate": inp["rate"], "cores": inp["cores"],
             "kernels_from": f"{source['rate']} run, N={reference_n(source)}",
+            "reference_compute_s": next(iter(kernels.values())).compute_s,
+            "compute_override": compute_s is not None,
             "law_fitted_on_n": list(coll.law_ns),
             "laws": {op: {"alpha_s": law.alpha, "beta_s_per_byte": law.beta,
                           "mbit_s": 8e-6 / law.beta if law.beta > 0 else None} for op, law in coll.laws.items()},
