@@ -6,7 +6,7 @@ measured steps on the emulated cluster (docs/SCALE.md).
         --probes runs/scale/probes-100mbit.json --out docs/bench/scale/input-100mbit.json
     python -m ds_gravac_bench.scale table docs/bench/scale/input-100mbit.json [--kernels input-1gbit.json] \
         [--json docs/bench/scale/table-100mbit.json] [--csv ...]
-    python -m ds_gravac_bench.scale summary docs/bench/scale/table-100mbit.json docs/bench/scale/table-1gbit.json
+    python -m ds_gravac_bench.scale summary docs/bench/scale/input-100mbit.json docs/bench/scale/input-1gbit.json
 
 ``run`` probes the collectives at each N (``scale_probe``) and runs the end-to-end benchmark with the systems at
 each N (``ds_gravac_bench.e2e``, ``--steps`` steps), writing the machine load before and after each run; ``collect``
@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from .scale_inputs import collect, load_input, read_probes
+from .scale_inputs import FORMAT, collect, load_input, read_probes
 from .scale_report import markdown, summary, write_csv
 from .scale_table import build
 
@@ -86,7 +86,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     t.add_argument("--json", default=None)
     t.add_argument("--csv", default=None)
     m = sub.add_parser("summary", help="validation and predicted rows of several rates' tables (docs/SCALE.md)")
-    m.add_argument("tables", nargs="+", help="JSON written by `table --json`")
+    m.add_argument("tables", nargs="+", help="collected inputs, or tables written by `table --json`")
+    m.add_argument("--compute-s", type=float, default=None, help="as for `table`")
     opts = parser.parse_args(argv)
     if opts.cmd == "run":
         run(opts)
@@ -103,7 +104,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         Path(opts.out).write_text(json.dumps(inp, separators=(",", ":")))
         print(f"[scale collect] {opts.out}: {Path(opts.out).stat().st_size} bytes")
     elif opts.cmd == "summary":
-        print(summary([json.loads(Path(p).read_text()) for p in opts.tables]))
+        docs = [json.loads(Path(p).read_text()) for p in opts.tables]
+        print(summary([build(d, compute_s=opts.compute_s) if d.get("format") == FORMAT else d for d in docs]))
     else:
         table = build(load_input(Path(opts.input)), load_input(Path(opts.kernels)) if opts.kernels else None,
                       compute_s=opts.compute_s)
