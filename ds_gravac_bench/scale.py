@@ -21,7 +21,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 from .scale_inputs import FORMAT, collect, load_input, read_probes
 from .scale_report import markdown, summary, write_csv

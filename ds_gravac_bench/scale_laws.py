@@ -9,10 +9,10 @@ sequential message steps ``s(N)`` times a per-message latency ``α`` plus the by
     all-gather (ring)                                s = N−1      f = N−1
     all-to-all (pairwise)                            s = N−1      f = (N−1)/N
 
-``α`` and ``β`` of an operation are fitted over the probes of the measured N ≥ 3 at once (all N if none), by the project's own
-non-negative least squares (``fits.least_squares``) on relative errors: each probe ``(x, t)`` at N becomes the
-sample ``(s(N)/t, f(N)·x/t, 1)``. :func:`law_check` reports how far each measured N's own fit is from the law; a
-measured N keeps its own fit (``per_n``), the law answers for the others.
+``α`` and ``β`` of an operation are fitted over the probes of the measured N ≥ 3 at once (all N if none), by
+the project's own non-negative least squares (``fits.least_squares``) on relative errors: each probe ``(x, t)``
+at N becomes the sample ``(s(N)/t, f(N)·x/t, 1)``. :func:`law_check` reports how far each measured N's own fit
+is from the law; a measured N keeps its own fit (``per_n``), the law answers for the others.
 """
 from __future__ import annotations
 

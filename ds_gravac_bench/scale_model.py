@@ -31,7 +31,6 @@ from ds_gravac.compress.base import Section, TensorPlan
 from ds_gravac.sync.cost_model.fits import (ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, STAGE, WRITEBACK, FitTable,
                                             LinearFit, decode_key, encode_key)
 from ds_gravac.sync.cost_model.predict import compressed_time, dense_time
-from ds_gravac.sync.exchange.allgather import PayloadAllGather
 
 from .scale_laws import Collectives
 
@@ -117,10 +116,3 @@ def predict_step(kernels: Kernels, buckets: Sequence[Mapping[str, Any]], coll: C
     return {"step": kernels.compute_s + full, "compute": kernels.compute_s, "codec": full - comm, "comm": comm,
             "bytes": bytes_sent(buckets, n)}
 
-
-def gather_pays(buckets: Sequence[Mapping[str, Any]], n: int) -> bool:
-    """Whether every all-gathered bucket still moves fewer bytes than the dense ring at N (the planner's rule)."""
-    from .micro_rank import reduce_rule
-
-    return all(PayloadAllGather.pays(b["words1"], b["numel"], n, reduce_rule(n))
-               for b in buckets if b["exchange"] == "allgather")

@@ -3,9 +3,10 @@
 The cluster's own ``measure`` times ``dist.all_gather`` into a list of tensors; the exchanges use
 ``all_gather_into_tensor`` and ``all_to_all_single`` through ``ds_gravac.sync.collectives``. So each rank runs
 the cost model's calibration probe itself (``cost_model.calibrate.collective_samples``: one untimed call, then the
-median of ``repeats`` calls per size) on the gloo world group (through ``deepspeed.comm``, as in training) inside its namespace, and rank 0 prints the samples.
+median of ``repeats`` calls per size) on the gloo world group, through ``deepspeed.comm`` as in training, inside
+its namespace; rank 0 prints the samples. ``scale run`` calls :func:`probe` before the end-to-end runs.
 
-    python -m ds_gravac_bench.scale probe --ranks 2,3,4 --rate 100mbit --tag 41 --out runs/scale/probes-100mbit.json
+    python -m ds_gravac_bench.scale run --rate 100mbit --ranks 2,3,4 --tag 41 --out runs/scale
 """
 from __future__ import annotations
 

@@ -32,7 +32,8 @@ def deepspeed_dense(params: list[tuple[str, torch.nn.Parameter]]) -> list[Bucket
 
 
 def gravac_buckets(params: list[tuple[str, torch.nn.Parameter]], section: dict[str, Any], n: int) -> list[Bucket]:
-    """The buckets of a ``"gravac"`` section at N ranks, at the level a static run sends (``static_default_level``, else ``cf``)."""
+    """The buckets of a ``"gravac"`` section at N ranks, at the level a static run sends
+    (``static_default_level``, else ``cf``)."""
     from ds_gravac.config import parse_config
     from ds_gravac.integration.engine import build_compressor, static_default_level
     from ds_gravac.sync.buckets import BucketPlan, classify
