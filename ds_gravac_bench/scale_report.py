@@ -54,7 +54,7 @@ def write_csv(table: dict[str, Any], path: Path) -> None:
 
 
 def _pct(x: Optional[float]) -> str:
-    return "–" if x is None else f"{100 * x:+.0f}%"
+    return "–" if x is None else f"{100 * x:+.1f}%"
 
 
 def summary(tables: Sequence[dict[str, Any]]) -> str:
@@ -80,25 +80,27 @@ def summary(tables: Sequence[dict[str, Any]]) -> str:
                 cells += [f"{m['step_s']:.2f}", f"{p['step']:.2f} ({p['compute']:.2f} / {p['codec']:.2f} / "
                           f"{p['comm']:.2f}){over}", f"{_pct(r['error'])} ({_pct(r.get('error_compute_only'))})"]
             out.append(f"| {sid} | {n} | " + " | ".join(cells) + " |")
-    out += ["", "| system | N | " + " | ".join(f"{rate}: predicted step s (compute / codec / comm) | MB/step"
-                                               for rate in rates) + " |", "|---|---|" + "---|---|" * len(rates)]
+    out += ["", "| system | " + " | ".join(f"{rate}: **predicted** step at N = {', '.join(map(str, predicted))} s "
+                                        f"(compute / codec / comm)" for rate in rates)
+            + f" | MB/step at N = {', '.join(map(str, predicted))} |", "|---|" + "---|" * (len(rates) + 1)]
     for sid in systems:
-        for n in predicted:
-            cells = []
-            for by in rows:
-                p = by[(sid, n)]["pred"]
-                cells += [f"**predicted** {p['step']:.2f} ({p['compute']:.2f} / {p['codec']:.2f} / "
-                          f"{p['comm']:.2f})", f"{p['bytes'] / 1e6:.1f}"]
-            out.append(f"| {sid} | {n} | " + " | ".join(cells) + " |")
+        cells = ["; ".join(f"{p['step']:.2f} ({p['compute']:.2f} / {p['codec']:.2f} / {p['comm']:.2f})"
+                           for p in (by[(sid, n)]["pred"] for n in predicted)) for by in rows]
+        mb = ", ".join(f"{rows[0][(sid, n)]['pred']['bytes'] / 1e6:.1f}" for n in predicted)
+        out.append(f"| {sid} | " + " | ".join(cells) + f" | {mb} |")
     out += ["", "| rate | op | α ms | β as Mbit/s | law vs probes, worst error per N |", "|---|---|---|---|---|"]
     for t in tables:
         for op, law in t["laws"].items():
             worst = ", ".join(f"{c['n']}: {_pct(c['law_max_err'])}" for c in t["law_check"] if c["op"] == op)
             out.append(f"| {t['rate']} | {op} | {1e3 * law['alpha_s']:.2f} | {_fmt(law['mbit_s'], 1)} | {worst} |")
-    out += ["", "| rate | all-gather system | against | first N where it is not faster |", "|---|---|---|---|"]
-    for t in tables:
-        for c in t["crossover"]:
-            hit = c["first_n_not_faster"]
-            out.append(f"| {t['rate']} | {c['system']} | {c['against']} | "
-                       f"{hit if hit else '> ' + str(c['grid_max'])} |")
+    out += ["", "| all-gather system | against | " + " | ".join(f"{rate}: first N not faster" for rate in rates)
+            + " |", "|---|---|" + "---|" * len(rates)]
+    pairs = list(dict.fromkeys((c["system"], c["against"]) for t in tables for c in t["crossover"]))
+    for sid, other in pairs:
+        cells = []
+        for t in tables:
+            c = next((c for c in t["crossover"] if (c["system"], c["against"]) == (sid, other)), None)
+            hit = None if c is None else c["first_n_not_faster"]
+            cells.append("–" if c is None else str(hit) if hit else f"> {c['grid_max']}")
+        out.append(f"| {sid} | {other} | " + " | ".join(cells) + " |")
     return "\n".join(out)
