@@ -123,6 +123,9 @@ class GravacConfig(StrictModel):
     ewma_alpha_range: list[float] = Field(default_factory=lambda: [0.01, 0.5])
     gain_ewma: Literal["ratio_of_ewmas", "ewma_of_ratio"] = "ratio_of_ewmas"
     gain_denominator: Literal["ef", "raw", "aggregate"] = "ef"
+    # "uniform": over a low-rank compressor, GraVAC's levels are one rank for every matrix (64 … 1) with the
+    # classifier pinned at >= the compressor's rank; "cf" maps one CF to a rank per matrix (docs/algorithms.md §7)
+    rank_ladder: Literal["cf", "uniform"] = "cf"
     decision: Literal["pipelined", "strict"] = "pipelined"
     decision_source: Literal["allreduce", "rank0"] = "allreduce"
     stale_policy: Literal["refresh", "keep"] = "refresh"

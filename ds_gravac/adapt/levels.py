@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, Sequence
 
+from ..compress.lowrank import uniform_levels
 from ..errors import GravacConfigError
 
 # (low, high) compression of Accordion when the config leaves them unset; a quantizer uses its grid's ends.
@@ -100,8 +101,38 @@ def accordion_levels(acc: Any, name: str, level_kind: str, grid: Optional[Sequen
     return float(realize(low)), float(realize(high))
 
 
+def uniform_bound(config: Any) -> float:
+    """θ_min of GraVAC over the uniform rank ladder: the configured one snapped up to a rung, else the first rung
+    (rank 64). It fixes the widest factors (the largest rank the run can ask for)."""
+    levels = uniform_levels()
+    if "theta_min" not in config.model_fields_set:
+        return levels[0]
+    return next((g for g in levels if g >= float(config.theta_min)), levels[-1])
+
+
+def classifier_shapes(named_params: Sequence[tuple[str, Any]], accepts: Callable[[tuple[int, ...]], bool],
+                      min_compress_numel: int) -> list[tuple[int, ...]]:
+    """The shape of the classifier the uniform ladder pins: the last matrix, in registration order, that would be
+    compressed (torchvision's ``fc``/``classifier``, a language model's decoder). Empty when nothing is."""
+    shapes = [tuple(int(s) for s in p.shape) for _, p in named_params
+              if p.numel() >= max(1, min_compress_numel) and accepts(tuple(p.shape))]
+    return shapes[-1:]
+
+
+def check_rank_ladder(config: Any, compressor: Any) -> None:
+    """``rank_ladder: "uniform"`` only means something for GraVAC over a low-rank compressor."""
+    if config.rank_ladder == "cf" or getattr(compressor, "ladder", None) == "uniform":
+        return
+    what = (f"mode is {config.mode!r}" if config.mode != "gravac"
+            else f"compressor {config.compressor.type!r} is not low-rank")
+    raise GravacConfigError(f"ds_gravac: key \"rank_ladder\" ({config.rank_ladder!r}) needs mode 'gravac' with a "
+                            f"low-rank compressor (powersgd, acpsgd), but {what}; allowed values: 'cf' (default), "
+                            f"'uniform'")
+
+
 def check_mode(config: Any, compressor: Any) -> None:
     """Attach-time check that ``config.mode`` can drive ``compressor`` with the configured levels."""
+    check_rank_ladder(config, compressor)
     name = config.compressor.type
     grid = compressor.cf_grid()
     if config.mode == "gravac":
@@ -111,4 +142,5 @@ def check_mode(config: Any, compressor: Any) -> None:
         accordion_levels(config.accordion, name, compressor.level_kind, grid, compressor.realize_cf)
 
 
-__all__ = ["DEFAULT_LEVELS", "accordion_levels", "check_mode", "grid_levels", "gravac_range"]
+__all__ = ["DEFAULT_LEVELS", "accordion_levels", "check_mode", "check_rank_ladder", "classifier_shapes",
+           "grid_levels", "gravac_range", "uniform_bound"]

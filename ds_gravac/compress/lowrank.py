@@ -6,6 +6,7 @@ same arithmetic. All factor math is fp32 (or the caller's float64 in tests), wha
 """
 from __future__ import annotations
 
+import math
 from typing import Literal, Sequence
 
 import torch
@@ -43,6 +44,23 @@ def compression_factor(n: int, m: int, rank: int) -> float:
     """Values of the matrix per value sent for one full P/Q exchange: ``n·m / ((n + m)·r)``."""
     r = matrix_rank(n, m, rank)
     return n * m / ((n + m) * r) if r > 0 else 1.0
+
+
+# GraVAC's uniform rank ladder (``"rank_ladder": "uniform"``): every matrix at one rank per level. Level θ of rung r
+# is UNIFORM_TOP / r (2 at rank 64 … 128 at rank 1): a level index that grows with compression as the controller
+# needs, not a measured CF.
+UNIFORM_RANKS = (64, 32, 16, 8, 4, 2, 1)
+UNIFORM_TOP = 2 * UNIFORM_RANKS[0]
+
+
+def uniform_levels() -> list[float]:
+    """The ladder's levels, sorted (the compressor's CF grid under ``rank_ladder: "uniform"``)."""
+    return sorted(UNIFORM_TOP / r for r in UNIFORM_RANKS)
+
+
+def uniform_rank(level: float) -> int:
+    """The ladder rank of a level (levels between rungs round to the lower rank)."""
+    return max(1, int(math.floor(UNIFORM_TOP / float(level) + 1e-9)))
 
 
 def seeded_factor(seed: int, key: str, rows: int, rank: int, change: int = 0,

@@ -8,6 +8,12 @@ rule ``(n + m)·r·min_compression_rate < n·m``; otherwise it travels *plain* i
 error feedback). So a matrix stops compressing when θ drops to about ``min_compression_rate`` (where the rank
 that reaches θ no longer pays), and it never compresses beyond its rank-1 CF however large θ is.
 
+With ``"rank_ladder": "uniform"`` GraVAC's levels are instead the rungs of a uniform rank ladder (64, 32, …, 1;
+level ``128 / r``, :func:`~ds_gravac.compress.lowrank.uniform_levels`): every matrix gets the rung's rank, capped
+at the largest rank that pays (plain when none does). The *pinned* matrices (the classifier, found at attach:
+:meth:`LowRankCompressor.pin`) get at least ``rank`` (the static rank, 16 by default) and travel plain when that
+rank does not pay, so a coarse rung never squeezes the classifier.
+
 **Factors.** Each matrix keeps replicated factors with ``width`` columns, the largest rank the run can ask for
 (static: ``rank``; Accordion: its larger rank; GraVAC: the rank at ``theta_min``). A step at a lower rank uses
 the leading columns of the orthonormalized factor. With QR the leading columns of ``orth(F)`` span the leading
@@ -27,7 +33,7 @@ import torch
 from pydantic import Field
 
 from .base import CompressCtx, Compressor, CompressorParams, Kind, Payload, Section, TensorPlan
-from .lowrank import matrix_rank, matrix_shape, orthogonalize, seeded_factor
+from .lowrank import matrix_rank, matrix_shape, orthogonalize, seeded_factor, uniform_levels, uniform_rank
 
 Tensor = torch.Tensor
 F32 = torch.float32
@@ -64,6 +70,8 @@ class LowRankCompressor(Compressor):
     def __init__(self, params: Optional[LowRankParams] = None) -> None:
         super().__init__(params)
         self.bound = float(self.params.rank)
+        self.ladder = "cf"                                     # "uniform": GraVAC levels are uniform-rank rungs
+        self.pinned: frozenset[tuple[int, int]] = frozenset()  # matrix shapes kept at >= params.rank (uniform)
         self.factors: dict[str, dict[str, Tensor]] = {}      # replicated: key → {"q": m×W, "p": n×W}
         self._bases: dict[tuple[str, str], Tensor] = {}       # orth of a stored factor, until it changes
         self._tensor_plans: dict[tuple[Any, ...], TensorPlan] = {}
@@ -71,14 +79,26 @@ class LowRankCompressor(Compressor):
 
     # ---- levels ----------------------------------------------------------------------------------------
     def bind_levels(self, kind: str, bound: float) -> None:
-        """Called at attach: ``kind`` "rank" (bound = the largest rank used) or "cf" (bound = θ_min, the
-        smallest CF GraVAC will measure). Fixes how levels map to ranks and how wide the factors are."""
-        if kind not in ("rank", "cf"):
+        """Called at attach: ``kind`` "rank" (bound = the largest rank used), "cf" (bound = θ_min, the smallest
+        CF GraVAC will measure) or "uniform" (GraVAC over the uniform ladder, bound = its θ_min level). Fixes how
+        levels map to ranks and how wide the factors are."""
+        if kind not in ("rank", "cf", "uniform"):
             raise ValueError(f"ds_gravac: level kind {kind!r}")
+        self.ladder = "uniform" if kind == "uniform" else "cf"
+        kind = "cf" if kind == "uniform" else kind                # the controller sees levels on a CF grid
         self.level_kind = kind                                    # instance attribute: shadows the class default
         self.multilevel = "exact" if kind == "cf" else "none"     # prefixes of one projection (module docstring)
         self.bound = float(bound)
         self._tensor_plans.clear()
+
+    def pin(self, shapes: Sequence[Sequence[int]]) -> None:
+        """Uniform ladder only: matrices of these shapes (the classifier) keep at least ``rank`` (attach, before
+        any plan is made)."""
+        self.pinned = frozenset(matrix_shape(s) for s in shapes)
+        self._tensor_plans.clear()
+
+    def cf_grid(self) -> Optional[list[float]]:
+        return uniform_levels() if self.ladder == "uniform" else None
 
     def accepts(self, shape: Sequence[int]) -> bool:
         """Matrices (2-D or more) that pay at rank 1; 1-D tensors and tiny matrices travel on the dense path."""
@@ -94,8 +114,19 @@ class LowRankCompressor(Compressor):
         """The rank of an ``n × m`` matrix at ``level`` (a rank, or a CF under GraVAC)."""
         if self.level_kind == "rank":
             return matrix_rank(n, m, int(round(level)))
+        if self.ladder == "uniform":
+            return self._ladder_rank(n, m, level)
         r = math.floor(self.pair_factor * n * m / ((n + m) * float(level)) + 1e-9)
         return matrix_rank(n, m, max(1, r))
+
+    def _ladder_rank(self, n: int, m: int, level: float) -> int:
+        """The rung's rank capped at the largest paying rank; a pinned matrix at least ``rank``, else 0 (plain)."""
+        cap = self.largest_paying_rank(n, m)
+        r = uniform_rank(level)
+        if (n, m) in self.pinned:
+            floor = matrix_rank(n, m, self.params.rank)
+            return min(max(r, floor), cap) if floor <= cap else 0
+        return min(r, cap)
 
     def width(self, n: int, m: int) -> int:
         """Columns of the stored factors: the largest rank this run can send the matrix at (a rank that does not

@@ -10,7 +10,7 @@ import torch
 from pydantic import ValidationError
 
 from ..adapt import Controller, ControllerContext, build_controller
-from ..adapt.levels import DEFAULT_LEVELS, check_mode
+from ..adapt.levels import DEFAULT_LEVELS, check_mode, classifier_shapes, uniform_bound
 from ..compress.base import Compressor, Kind
 from ..compress.local_clipping import local_limit
 from ..compress.optimizers import optimizer_chain
@@ -87,6 +87,8 @@ def rank_level_bound(config: GravacConfig, comp: Compressor) -> tuple[str, float
     """How a rank-levelled (low-rank) compressor reads levels in this mode, and the largest rank it can be asked
     for: GraVAC works in CFs (bound: theta_min), static in the compressor's rank, Accordion in its two ranks."""
     if config.mode == "gravac":
+        if config.rank_ladder == "uniform":
+            return "uniform", uniform_bound(config)
         return "cf", float(config.theta_min)
     rank = float(getattr(comp.params, "rank", 1))
     if config.mode == "accordion":
@@ -125,6 +127,8 @@ class GravacHandle:
         agree_parameters(eng.module.named_parameters())
         release_shm_buffer(rank)    # every rank has mapped the peers' buffers by now (shm_buffer.py)
         _check_compressible(cfg, comp, eng)
+        if getattr(comp, "ladder", "cf") == "uniform":     # before any plan: the classifier's factor width
+            comp.pin(classifier_shapes(_trainable(eng), comp.accepts, cfg.min_compress_numel))
         sink_problem = self._open_sink(rank)
         agree_ok(sink_problem, None)
         self.compressor = comp
@@ -332,11 +336,15 @@ class GravacHandle:
         return load_checkpoint(self, load_dir, tag, *ds_args, **ds_kwargs)
 
 
+def _trainable(engine: Any) -> list[tuple[str, torch.Tensor]]:
+    return [(n, p) for n, p in engine.module.named_parameters() if p.requires_grad and p.numel() > 0]
+
+
 def _check_compressible(cfg: GravacConfig, comp: Compressor, engine: Any) -> None:
     """Accordion switches levels per compressed tensor: with nothing compressible it has nothing to decide."""
     if cfg.mode != "accordion":
         return
-    named = [(n, p) for n, p in engine.module.named_parameters() if p.requires_grad and p.numel() > 0]
+    named = _trainable(engine)
     if not any(m.compressible for m in classify(named, comp.accepts, cfg.min_compress_numel,
                                                 comp.name != "none")):
         largest = max((p.numel() for _, p in named), default=0)

@@ -135,3 +135,16 @@ def test_readme_lists_every_config() -> None:
         text = f.read()
     missing = [name for name in IDS if f"`{name}`" not in text]
     assert not missing, missing
+
+
+def test_lowrank_gravac_configs_use_the_aggregate_gain() -> None:
+    """Under an all-reduced low-rank compressor the raw gain grows with the steps and the error-feedback gain
+    collapses (docs/algorithms.md §7): only the averaged update's gain is sound."""
+    lowrank = [p for p in CONFIGS if os.path.basename(p).endswith(("_gravac_powersgd.json", "_gravac_acpsgd.json"))]
+    assert len(lowrank) == 6
+    for path in lowrank:
+        gravac = parse_config(_load(path)["gravac"])
+        assert gravac.gain_denominator == "aggregate", path
+        from ds_gravac.integration.engine import build_compressor
+        from ds_gravac.sync.aggregate_gain import check_aggregate_gain
+        check_aggregate_gain(gravac, build_compressor(gravac))      # raises if the compressor cannot report it
