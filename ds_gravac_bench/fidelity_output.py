@@ -27,8 +27,9 @@ def markdown(res: dict[str, Any]) -> str:
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in res["systems"]:
         ev = ", ".join(f"{k[5:]} {v:.3g}" for k, v in sorted(r["eval"].items()) if k in ("eval/top1", "eval/ppl"))
-        cells = [r["id"], r["family"], f"{r['final_loss']:.3f} ({r['dense_loss']:.3f})", f"{100 * r['gap']:+.1f}%",
-                 ev or "–", _fmt(r["bytes_ratio"], ".4f"), f"{r['peak']:.2f}", _fmt(r["steps_to_target"], "d")]
+        cells = [r.get("label", r["id"]), r["family"], f"{r['final_loss']:.3f} ({r['dense_loss']:.3f})",
+                 f"{100 * r['gap']:+.1f}%", ev or "–", _fmt(r["bytes_ratio"], ".4f"), f"{r['peak']:.2f}",
+                 _fmt(r["steps_to_target"], "d")]
         for rate in rates:
             t = r["rates"][rate]
             cells += [_fmt(t["step_s"], ".2f"), _fmt(t["time_s"], ".0f"), _fmt(t.get("speedup"), ".2f")]

@@ -10,6 +10,8 @@ import statistics
 from pathlib import Path
 from typing import Any, Optional
 
+from .gravac_label import run_section, system_label
+
 SKIP_STEPS = 2          # the dense discovery step and one warm-up step are not representative
 
 
@@ -58,7 +60,8 @@ def system_summary(sid: str, records: list[dict], meta: dict[str, Any]) -> dict[
     bytes_logical = _median(body, "bytes_sent")
     veth = meta.get("veth_bytes")
     return {
-        "id": sid, "config_hash": meta.get("config_hash"), "returncode": meta.get("returncode"),
+        "id": sid, "label": system_label(sid, meta.get("gravac"), len(records), [r.get("cf_sent") for r in records]),
+        "config_hash": meta.get("config_hash"), "returncode": meta.get("returncode"),
         "steps": len(records), "note": meta.get("note", ""),
         "step_time": {"median": statistics.median(times) if times else None, "p10": _pct(times, 0.1),
                       "p90": _pct(times, 0.9), "compute": _median(body, "time/compute_est"),
@@ -144,7 +147,8 @@ def markdown(results: dict[str, Any]) -> str:
     for s in results["systems"]:
         st, b = s["step_time"], s["bytes_per_step"]
         lines.append(
-            f"| {s['id']} | {_fmt(st['median'])} ({_fmt(st['p10'])}–{_fmt(st['p90'])}) | {_fmt(st['compute'])} / "
+            f"| {s.get('label', s['id'])} | {_fmt(st['median'])} ({_fmt(st['p10'])}–{_fmt(st['p90'])}) | "
+            f"{_fmt(st['compute'])} / "
             f"{_fmt(st['codec'])} / {_fmt(st['comm_exposed'])} | {_fmt((b['logical'] or 0) / 1e6, 2)} MB "
             f"({_fmt((b['veth'] or 0) / 1e6, 2)} MB) | {_fmt(s['time_to_target_s'], 1)} | "
             f"{_fmt(s['speedup_vs_ds_dense'])}x | {_fmt(s['speedup_vs_topk10'])}x | {_fmt(s['final']['loss'], 4)} | "
@@ -242,8 +246,8 @@ def write_steps_csv(results: dict[str, Any], path: Path) -> None:
 def report(outdir: Path) -> dict[str, Any]:
     """(Re)build results.json, results.md and plots from ``outdir/meta.json`` and the step files."""
     meta = json.loads((outdir / "meta.json").read_text())
-    systems = [system_summary(sid, read_steps(outdir / "systems" / sid / "steps.jsonl"), m)
-               for sid, m in meta["systems"].items()]
+    systems = [system_summary(sid, read_steps(outdir / "systems" / sid / "steps.jsonl"),
+                              {**m, "gravac": run_section(outdir, sid)}) for sid, m in meta["systems"].items()]
     bw = meta["network"].get("measured_mbit")
     target = add_comparisons(systems, bw * 1e6 if bw else None)
     results = {"env": meta["env"], "network": meta["network"], "model": meta["model"], "N": meta["N"],

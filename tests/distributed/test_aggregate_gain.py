@@ -178,3 +178,29 @@ def test_sparsifiers_are_refused_with_the_key() -> None:
         check_aggregate_gain(config, build_compressor(config))
     message = str(info.value)
     assert "gain_denominator" in message and "'aggregate'" in message and "topk" in message
+
+
+def _shipped_job(rank: int, world: int, path: str) -> dict:
+    """The gravac section of a shipped low-rank GraVAC file, with only its step scale shrunk to a tiny run."""
+    import json
+    import ds_gravac
+    section = json.loads(open(path, encoding="utf-8").read())["gravac"]
+    section.update(warmup_steps=1, window=4, refresh_steps=1, min_sent_steps=1, min_compress_numel=1000,
+                   theta_min=4, agreement_check_interval=1)
+    engine = _engine(section, world)
+    M.train(engine, rank, 8)
+    ctrl = ds_gravac.get_handle(engine).sync.controller
+    return {"params": M.params_of(engine), "gains": {cf: r.count for cf, r in ctrl.gains.items()},
+            "gain": section["gain_denominator"]}
+
+
+@pytest.mark.parametrize("name", ["lstm_gravac_acpsgd.json"])
+def test_a_shipped_lowrank_gravac_section_trains_on_the_aggregate_gain(name: str) -> None:
+    import os
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "ds_configs", name)
+    a, b = run_ranks(_shipped_job, 2, path)
+    assert a["gain"] == "aggregate" and a["gains"] and all(n > 0 for n in a["gains"].values())
+    assert a["gains"] == b["gains"]
+    for key in a["params"]:
+        assert torch.equal(a["params"][key], b["params"][key]), key
+        assert torch.isfinite(a["params"][key]).all(), key
