@@ -37,7 +37,8 @@ def _expected_rank(name: str, n: int, m: int, cf_sent: float) -> int:
 
 
 def _job(rank: int, world: int) -> dict:
-    return G.run(rank, UNIFORM, STEPS)
+    return {comp: G.run(rank, {**UNIFORM, "compressor": {"type": comp, "params": {"rank": PIN}}}, STEPS)
+            for comp in ("powersgd", "acpsgd")}
 
 
 @pytest.fixture(scope="module")
@@ -45,18 +46,23 @@ def runs() -> list:
     return run_ranks(_job, 2)
 
 
-def test_ranks_are_uniform_and_the_classifier_is_pinned(runs: list) -> None:
-    a, b = runs
+@pytest.mark.parametrize("comp", ["powersgd", "acpsgd"])
+def test_ranks_are_uniform_and_the_classifier_is_pinned(runs: list, comp: str) -> None:
+    """ACP-SGD alternates P- and Q-steps over compressed steps, and a Q-step sends at its P-step's level."""
+    a, b = runs[0][comp], runs[1][comp]
     assert [(r["branch"], r["cf_sent"]) for r in a["records"]] == [(r["branch"], r["cf_sent"]) for r in b["records"]]
     model = M.make_model(seed=0, width=128, depth=4)
-    sent_levels = set()
+    sent_levels, p_step, level_of_p = set(), True, None
     for r in a["records"]:
         if r["branch"] == "dense":
             assert r["bytes_sent"] == pytest.approx(r["dense_bytes"])
             continue
         sent_levels.add(r["cf_sent"])
-        want = step_bytes(model, "powersgd", lambda name, n, m: _expected_rank(name, n, m, r["cf_sent"]), True)
+        level = r["cf_sent"] if comp == "powersgd" or p_step else level_of_p
+        want = step_bytes(model, comp, lambda name, n, m: _expected_rank(name, n, m, level), p_step)
         assert r["bytes_sent"] == pytest.approx(want, abs=0.5), (r["step"], r["cf_sent"])
+        level_of_p = r["cf_sent"] if p_step else level_of_p
+        p_step = p_step if comp == "powersgd" else not p_step
     assert len(sent_levels) >= 2 and max(sent_levels) >= 64, sent_levels   # a rung (rank ≤ 2) below the pin 4
     for name in a["params"]:
         assert (a["params"][name] == b["params"][name]).all(), name
