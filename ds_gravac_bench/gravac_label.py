@@ -29,12 +29,13 @@ def window_never_reached(section: Optional[Mapping[str, Any]], steps: int) -> bo
 
 def system_label(sid: str, section: Optional[Mapping[str, Any]], steps: int,
                  cf_sent: Sequence[Optional[float]] = ()) -> str:
-    """``sid``, or ``sid (window never reached: static θ …)`` naming the compressed levels the run sent."""
+    """``sid``, or ``sid (window never reached: static θ …)`` naming the compressed levels the run sent
+    (``static θ_min`` when the records do not say)."""
     if not window_never_reached(section, steps):
         return sid
     sent = sorted({float(c) for c in cf_sent if c is not None and float(c) > 1.0})
-    levels = "/".join(f"{c:g}" for c in sent) if sent else "θ_min"
-    return f"{sid} (window never reached: static θ {levels})"
+    levels = "θ " + "/".join(f"{c:g}" for c in sent) if sent else "θ_min"
+    return f"{sid} (window never reached: static {levels})"
 
 
 __all__ = ["run_section", "system_label", "window_never_reached"]

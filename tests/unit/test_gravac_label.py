@@ -26,7 +26,7 @@ def test_defaults_and_other_modes() -> None:
 
 def test_the_label_names_the_levels_sent() -> None:
     assert system_label("gv", SHORT, 6, [1.0, 10.0, 20.0, None, 10.0]) == "gv (window never reached: static θ 10/20)"
-    assert system_label("gv", SHORT, 6) == "gv (window never reached: static θ θ_min)"
+    assert system_label("gv", SHORT, 6) == "gv (window never reached: static θ_min)"
     assert system_label("gv", SHORT, 7, [10.0]) == "gv"
 
 
