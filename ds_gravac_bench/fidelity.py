@@ -151,10 +151,15 @@ def _load_dir(path: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     return meta, curves
 
 
-def _load_dirs(paths: Sequence[Path]) -> tuple[dict[str, Any], dict[str, dict[str, Any]],
-                                                dict[str, Optional[dict[str, Any]]]]:
+SAME_SETTINGS = ("steps", "lr", "micro_batch", "runner_extra")     # what loopback runs merged together must share
+
+
+def _load_dirs(paths: Sequence[Path], same_settings: bool = False
+               ) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, Optional[dict[str, Any]]]]:
     """Systems of several invocations of one model, first occurrence wins. Their dense reference curves must be
-    identical (runs are deterministic on one machine), or the merge would compare against different targets."""
+    identical (runs are deterministic on one machine), or the merge would compare against different targets. With
+    ``same_settings`` (loopback runs made at different times, e.g. one long system per invocation) they must also
+    share budget, lr, micro batch and runner options — seed and task included — whether or not each ran dense."""
     meta: dict[str, Any] = {}
     curves: dict[str, dict[str, Any]] = {}
     sections: dict[str, Optional[dict[str, Any]]] = {}
@@ -163,6 +168,10 @@ def _load_dirs(paths: Sequence[Path]) -> tuple[dict[str, Any], dict[str, dict[st
         m, c = _load_dir(path)
         if meta and m["model"] != meta["model"]:
             raise SystemExit(f"fidelity: {path} trained {m['model']}, not {meta['model']}")
+        differ = [k for k in SAME_SETTINGS if meta and same_settings and m.get(k) != meta.get(k)]
+        if differ:
+            raise SystemExit(f"fidelity: {path} ran with other {', '.join(differ)} than {paths[0]} "
+                             f"({', '.join(f'{m.get(k)} vs {meta.get(k)}' for k in differ)}): not one comparison")
         meta = meta or m
         dense = next((c[sid]["loss"] for sid in ("ds_dense", "gv_dense") if sid in c and c[sid]["loss"]), None)
         if dense is not None and reference is not None:
@@ -182,7 +191,7 @@ def build(dirs: Sequence[Path] | Path, clusters: dict[str, Sequence[Path] | Path
     """The fidelity table of the runs in ``dirs`` (loss per step), with step times from ``clusters`` (rate →
     bench_e2e directories on the emulated cluster). The loss target's fraction of the budget and the top-1 margin
     come from the task the first directory ran (``meta["fidelity"]``), unless ``target_fraction`` is given."""
-    meta, curves, sections = _load_dirs(_paths(dirs))
+    meta, curves, sections = _load_dirs(_paths(dirs), same_settings=True)
     ref_id = "ds_dense" if "ds_dense" in curves else next((s for s in curves if _family(sections[s]) == "dense"),
                                                           None)
     if ref_id is None or not curves[ref_id]["smoothed"]:

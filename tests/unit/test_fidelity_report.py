@@ -287,3 +287,18 @@ def test_a_failed_system_is_listed_with_its_error(tmp_path: Path) -> None:
     assert res["failures"] == [{"id": "ds_bf16", "returncode": 1,
                                 "error": "RuntimeError: gloo does not support bfloat16"}]
     assert "| ds_bf16 | failed (exit 1): RuntimeError: gloo does not support bfloat16 |" in markdown(res)
+
+
+def test_runs_made_apart_merge_only_with_the_same_settings(tmp_path: Path) -> None:
+    """One long system per invocation: the jitter control's directory has no dense run to compare curves with, so
+    its seed and runner options must match the dense directory's."""
+    extra = ["--num-classes", "100", "--seed", "0"]
+    dense = _write_run(tmp_path / "a", "resnet18", {"ds_dense": {"loss": DENSE, "time": 0.1, "bytes": 1000.0}},
+                       runner_extra=extra, lr=0.05)
+    same = _write_run(tmp_path / "b", "resnet18", {"ds_dense_jitter": {"loss": SLOW, "time": 0.1, "bytes": 1000.0}},
+                      runner_extra=extra, lr=0.05)
+    assert {r["id"] for r in build([dense, same], {})["systems"]} == {"ds_dense", "ds_dense_jitter"}
+    other = _write_run(tmp_path / "c", "resnet18", {"ds_dense_jitter": {"loss": SLOW, "time": 0.1, "bytes": 1000.0}},
+                       runner_extra=extra[:-1] + ["1"], lr=0.05)
+    with pytest.raises(SystemExit, match="ran with other runner_extra than .*--seed', '1'"):
+        build([dense, other], {})
