@@ -70,7 +70,7 @@ TASKS = {
                          runner_extra=("--lstm-size", "medium")),
     "mlp": FidelityTask("mlp", 300, ("ds_dense", "gv_powersgd_r16", "gv_powersgd_r4", "gv_topk_10", "gv_topk_100",
                                      "gv_dgc_10_nomask")),
-    "resnet18_long": FidelityTask("resnet18", 6000, BASELINES + OURS, lr=0.05, target_fraction=0.9,
+    "resnet18_long": FidelityTask("resnet18", 6000, BASELINES + OURS, lr=0.02, target_fraction=0.9,
                                   top1_margin=0.005, runner_extra=LONG_IMAGES + _schedule(6000, 300, 200, 40)),
     "lstm_long": FidelityTask("lstm", 2000, BASELINES + OURS, target_fraction=0.9,
                               runner_extra=("--lstm-size", "medium") + _schedule(2000, 100, 200, 20)),
