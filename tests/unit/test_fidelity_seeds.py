@@ -183,3 +183,22 @@ def test_held_out_top1_is_paired_per_seed_beside_the_noise_floor(tmp_path: Path)
     assert "+0.0% (noise floor 1.3%)" in md                           # mean |gap| of the jitter: 4% / 3
     assert "| mine | 81.0 ± 2.6 | -1.00 ± 1.00 | 300 (400), 300 (400), 300 (400) | 150 (2.67×) |" in md
     assert "top-1 − dense, points (noise floor +0.00 ± 1.00)" in md
+
+
+def test_the_sweep_picks_per_family_the_soonest_level_within_the_bounds(tmp_path: Path) -> None:
+    """Tuning seeds: Top-k 100× reaches the target sooner than 10× but misses top-1 on the means, so 10× is the
+    sparsifier pick; PowerSGD rank 4 beats rank 1 on steps; no quantizer passes; GraVAC is never a static pick."""
+    from ds_gravac_bench.fidelity_sweep import pick
+
+    def seed(root: Path, shift: int) -> Path:
+        return _seed(root, 0.5, 0.8, [_row("gv_topk_10", "sparsification", 0.5, 0.5, 0.8, 220 + shift, 0.1),
+                                      _row("gv_topk_100", "sparsification", 0.5, 0.5, 0.7, 200 + shift, 0.01),
+                                      _row("gv_powersgd_r1", "low-rank", 0.5, 0.5, 0.8, 260 + shift, 0.01),
+                                      _row("gv_powersgd_r4", "low-rank", 0.5, 0.5, 0.8, 230 + shift, 0.04),
+                                      _row("gv_gravac", "sparsification", 0.5, 0.5, 0.8, 100, 0.01),
+                                      _row("gv_onebit", "quantization", 0.9, 0.5, 0.8, None, 0.03)])
+
+    res = combine([[seed(tmp_path / "a", 0)], [seed(tmp_path / "b", 10)]])
+    picks = pick(res)
+    assert picks["sparsification"] == {"id": "gv_topk_10", "sort_key": [225.0, 0.1]}
+    assert picks["low-rank"]["id"] == "gv_powersgd_r4" and picks["quantization"] is None
