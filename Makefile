@@ -37,7 +37,7 @@ train: setup
 	bash runners/make_train.sh "$(MODEL)" "$(CONFIG)"
 
 bench: setup
-	$(PY) -m ds_gravac_bench.micro --sets resnet101 --out bench_results/micro.json
+	$(PY) -m ds_gravac_bench.micro --sets resnet101 --out runs/micro.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -4,5 +4,7 @@ ds_gravac, DDP and PowerSGD on the same model, data and network and writes the c
 ds_gravac_bench.e2e``, with ``report``/``systems`` behind it); ``cluster`` and ``netns`` emulate a multi-node
 cluster on one machine with network namespaces and rate-limited links (``python -m ds_gravac_bench.cluster``, root
 needed); ``convergence_sim`` replays training with the update rules written out, without ds_gravac, as an
-independent check. The training itself is done by the scripts in ``runners/``.
+independent check; ``fidelity`` and ``fidelity_seeds`` compare learning per step and time to dense's accuracy; ``keep``
+writes the compact result files ``docs/bench`` holds. Raw runs go to ``runs/`` (git-ignored). The training itself
+is done by the scripts in ``runners/``.
 """

@@ -6,7 +6,8 @@
 
 Python API: ``with EmulatedCluster(ranks=2, rate="100mbit", tag=7, outdir=d) as c: c.launch_deepspeed(...)``.
 Rank i lives in namespace ``gvc<T>-r<i>`` with interface ``eth0`` = 10.77.<T>.<i+1>/24, pinned to one core.
-State file, hostfile and per-rank logs go to ``--outdir`` (default ``$GVC_OUTDIR`` or /tmp/ds_gravac_cluster).
+State file, hostfile and per-rank logs go to ``--outdir`` (default ``$GVC_OUTDIR`` or ``ds_gravac_cluster`` in the
+system's temporary directory: ``cluster down`` finds the state of a cluster left up there).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -28,7 +30,7 @@ from ds_gravac_bench.netns import ClusterError
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
-DEFAULT_OUTDIR = Path(os.environ.get("GVC_OUTDIR", "/tmp/ds_gravac_cluster"))
+DEFAULT_OUTDIR = Path(os.environ.get("GVC_OUTDIR") or Path(tempfile.gettempdir()) / "ds_gravac_cluster")
 DEFAULT_SIZES = [16 * 1024 * 4**k for k in range(7)]           # 16 KiB ... 64 MiB
 OPS = ("all_reduce", "all_gather", "all_to_all")
 

@@ -2,11 +2,12 @@
 (+ PowerSGD hook), static Top-k/DGC, Accordion and GraVAC — same model, data, seed and network, one invocation.
 
     python -m ds_gravac_bench.e2e run --model resnet101 --rate 1gbit --ranks 2 --steps 30
-    python -m ds_gravac_bench.e2e report bench_results/<dir>
+    python -m ds_gravac_bench.e2e report runs/<dir>
     python -m ds_gravac_bench.e2e run --smoke        # no namespaces: 127.0.0.1, tiny model, 3 steps, 2 systems
     python -m ds_gravac_bench.e2e run --ablation topk:100 --rate 1gbit  # dense → no overlap/bulk → +overlap → +bulk
 
-Needs root for the namespaces (ds_gravac_bench/cluster.py). Writes ``<out>/meta.json``, per-system
+Needs root for the namespaces (ds_gravac_bench/cluster.py). Writes ``<out>/meta.json`` (default ``--out``:
+``runs/e2e-<date>-<model>-<rate>``, git-ignored), per-system
 ``systems/<id>/steps.jsonl`` and logs, then ``results.json``, ``results.md`` and ``plots/`` (report.py).
 """
 from __future__ import annotations
@@ -161,7 +162,7 @@ def run_matrix(opts: argparse.Namespace) -> Path:
     check_sections(matrix, ids)
     loopback = opts.smoke or opts.rate == "loopback"
     net = "local" if opts.smoke else opts.rate
-    out = Path(opts.out or ROOT / "bench_results" / f"{dt.date.today()}-{opts.model}-{net}")
+    out = Path(opts.out or ROOT / "runs" / f"e2e-{dt.date.today()}-{opts.model}-{net}")
     (out / "configs").mkdir(parents=True, exist_ok=True)
     if opts.lr is not None:   # otherwise the model's dense config sets it (ds_configs/README.md explains each)
         base["optimizer"]["params"]["lr"] = opts.lr
@@ -250,7 +251,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                           "without overlap/bulk, +overlap, +bulk (e.g. topk:100)")
     run.add_argument("--tag", type=int, default=3)
     run.add_argument("--timeout", type=float, default=3600.0, help="seconds per system")
-    run.add_argument("--out", default=None)
+    run.add_argument("--out", default=None, help="default: runs/e2e-<date>-<model>-<rate> (git-ignored)")
     run.add_argument("--smoke", action="store_true", help="127.0.0.1, tiny model, 3 steps, 2 systems")
     rep = sub.add_parser("report", help="rebuild results.md and plots from a results directory")
     rep.add_argument("dir")

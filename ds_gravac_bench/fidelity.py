@@ -1,9 +1,9 @@
 """Fidelity benchmark: does a compressed configuration learn as fast as dense per step, and how much sooner does it
 reach dense's accuracy in wall time on the emulated cluster?
 
-    python -m ds_gravac_bench.fidelity run --task resnet101 --out bench_results/fid-r101
-    python -m ds_gravac_bench.fidelity report bench_results/fid-r101 [more runs of the same model] \\
-        --cluster 1gbit=bench_results/r101-1g --cluster 100mbit=bench_results/r101-100m [--out DIR]
+    python -m ds_gravac_bench.fidelity run --task resnet101 [--out runs/fidelity-resnet101-seed0]
+    python -m ds_gravac_bench.fidelity report runs/fidelity-resnet101-seed0 [more runs of the same model] \\
+        --cluster 1gbit=runs/e2e-r101-1g --cluster 100mbit=runs/e2e-r101-100m [--out DIR]
 
 ``run`` trains DeepSpeed dense and every selected configuration with the same seed, data order and optimizer on
 two ranks of this machine (loopback, no namespaces): the loss per step of a static configuration does not depend
@@ -28,7 +28,7 @@ from typing import Any, Optional, Sequence
 
 from ds_gravac_bench.fidelity_output import NOISE_CONTROL, markdown, plots
 from ds_gravac_bench.fidelity_time import first_eval_reach, first_reach, time_at_rate
-from ds_gravac_bench.report import SKIP_STEPS, read_steps, smooth
+from ds_gravac_bench.report import SKIP_STEPS, read_steps, shown_path, smooth
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET_FRACTION = 0.75          # dense's smoothed loss at 75% of the budget is the target (a task may set another)
@@ -90,7 +90,8 @@ def run(opts: argparse.Namespace) -> Path:
     e2e = argparse.Namespace(model=task.model, rate="loopback", ranks=2, steps=opts.steps or task.steps,
                              systems=opts.systems or ",".join(task.systems), micro_batch=opts.micro_batch
                              or task.micro_batch, lr=task.lr, epsilon=0.7, theta_min=10.0, ablation=None, tag=3,
-                             timeout=opts.timeout, out=opts.out, smoke=False,
+                             timeout=opts.timeout, smoke=False,
+                             out=opts.out or ROOT / "runs" / f"fidelity-{opts.task}-seed{opts.seed}",
                              runner_extra=(*task.runner_extra, "--seed", str(opts.seed)),
                              fidelity={"task": opts.task, "seed": opts.seed, "target_fraction": task.target_fraction,
                                        "top1_margin": task.top1_margin})
@@ -232,8 +233,8 @@ def build(dirs: Sequence[Path] | Path, clusters: dict[str, Sequence[Path] | Path
     return {"model": meta["model"], "steps": meta["steps"], "reference": ref_id, "target_loss": target,
             "target_fraction": fraction, "top1_target": top1_target, "top1_margin": margin,
             "noise_floor": _noise_floor(rows, ref_id), "failures": _failures(_paths(dirs), curves),
-            "env": meta.get("env"), "runs": [str(p) for p in _paths(dirs)],
-            "clusters": {k: ", ".join(str(p) for p in _paths(v)) for k, v in clusters.items()}, "systems": rows}
+            "env": meta.get("env"), "runs": [shown_path(p) for p in _paths(dirs)],
+            "clusters": {k: ", ".join(shown_path(p) for p in _paths(v)) for k, v in clusters.items()}, "systems": rows}
 
 
 def _noise_floor(rows: list[dict[str, Any]], ref_id: str) -> Optional[dict[str, Any]]:
@@ -371,7 +372,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     r.add_argument("--timeout", type=float, default=7200.0)
     r.add_argument("--seed", type=int, default=0, help="model initialization and data seed of every system "
                    "(another seed gives a second sample of every curve: the run-to-run spread)")
-    r.add_argument("--out", required=True)
+    r.add_argument("--out", default=None, help="default: runs/fidelity-<task>-seed<seed> (git-ignored)")
     r.add_argument("--cluster", action="append", type=cluster_arg, default=[], metavar="RATE=DIR")
     p = sub.add_parser("report", help="rebuild fidelity.md, fidelity.json and plots")
     p.add_argument("dirs", nargs="+", help="fidelity/bench_e2e outputs of one model; several are merged when "

@@ -1,7 +1,7 @@
 """Fidelity over several seeds: the accuracy bounds judged on the mean of independent runs.
 
-    python -m ds_gravac_bench.fidelity_seeds bench_results/fid-r101-seed0 bench_results/fid-r101-seed1,more-seed1 \\
-        bench_results/fid-r101-seed2 --out bench_results/fid-r101-seeds
+    python -m ds_gravac_bench.fidelity_seeds runs/fidelity-resnet101-seed0 runs/fidelity-resnet101-seed1,more-seed1 \\
+        runs/fidelity-resnet101-seed2 --out runs/fidelity-resnet101-seeds
 
 Why: on a short budget a single run's loss at a given step depends on its trajectory as much as on the method.
 Once any perturbation — another seed, or even a gradient rounded to fp16 — sends a run down a different
@@ -9,14 +9,15 @@ trajectory, the loss at equal steps can differ by tens of percent between runs o
 ResNet101 at 300 steps dense itself ends at 0.41, 0.56 and 0.83 on three seeds). A 5% bound can only be judged on
 several samples. Each argument is one seed: a ``fidelity run`` directory, several of the same seed joined by
 commas (merged as ``fidelity report`` merges them), or a directory holding only a report's ``fidelity.json``
-(what ``docs/bench`` keeps), alone or joined to runs or reports of the same dense run. Systems are matched
+(what a kept result holds), alone or joined to runs or reports of the same dense run. Systems are matched
 across seeds by what they train (the hash of their "gravac" section), so a configuration run as ``gv_topk_10`` on
 one seed and as ``cfg:…recommended.json`` on another counts once; every seed is compared with its own dense run,
 then the per-seed figures are averaged: the loss bound on the mean final loss against dense's mean, top-1 and perplexity
 likewise, bytes on the mean ratio. The steps to dense's target are listed per seed. With ``--cluster RATE=DIR``
 (as for ``fidelity report``; step times do not depend on the seed) each seed's time to its target is steps × the
-system's median cluster step, and the speed-up is dense's mean time to target over the system's (the expected
-time to dense's accuracy); it is left out when the system missed the target on some seed.
+system's median cluster step — for a kept report too, from the steps to target it records — and the speed-up is
+dense's mean time to target over the system's (the expected time to dense's accuracy); it is left out when the
+system missed the target on some seed.
 """
 from __future__ import annotations
 
@@ -26,8 +27,10 @@ import statistics
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from ds_gravac_bench.fidelity import build, cluster_arg, clusters_of, judged
+from ds_gravac_bench.fidelity import _cluster_runs, _load_dirs, build, cluster_arg, clusters_of, judged, match_key
 from ds_gravac_bench.fidelity_output import NOISE_CONTROL
+from ds_gravac_bench.fidelity_time import time_at_rate
+from ds_gravac_bench.report import shown_path
 
 
 def _mean(xs: Sequence[Optional[float]]) -> Optional[float]:
@@ -45,8 +48,8 @@ def _table(dirs: Sequence[Path], clusters: dict[str, list[Path]]) -> dict[str, A
     when their dense run ended exactly as the first table's (final loss, peak and steps to target equal: a
     machine that reproduces the dense run bit for bit, as DeepSpeed's deterministic CPU path does)."""
     runs = [d for d in dirs if not _is_report(d)]
-    tables = ([build(runs, clusters)] if runs else []) + [json.loads((d / "fidelity.json").read_text())
-                                                          for d in dirs if _is_report(d)]
+    tables = ([build(runs, clusters)] if runs else []) + [_with_rates(json.loads((d / "fidelity.json").read_text()),
+                                                                      clusters) for d in dirs if _is_report(d)]
     first = tables[0]
     ref = _reference(first)
     for other in tables[1:]:
@@ -58,6 +61,28 @@ def _table(dirs: Sequence[Path], clusters: dict[str, list[Path]]) -> dict[str, A
         seen = {r["id"] for r in first["systems"]}
         first = {**first, "systems": first["systems"] + [r for r in other["systems"] if r["id"] not in seen]}
     return first
+
+
+def _with_rates(table: dict[str, Any], clusters: dict[str, list[Path]]) -> dict[str, Any]:
+    """A kept report with its time to target at every rate of ``clusters``: it holds no loss curve, but each row's
+    steps to target and section hash, and the cluster runs hold the sections, so the time is computed as
+    ``fidelity report`` computes it from runs (a GraVAC row from its own cluster run and the report's target)."""
+    if not clusters:
+        return table
+    at_rate = {}
+    for rate, paths in clusters.items():
+        sections = _load_dirs(paths)[2]
+        at_rate[rate] = (_cluster_runs(paths), {match_key(sid, sec): sec for sid, sec in sections.items()})
+    rows = []
+    for row in table["systems"]:
+        rates = dict(row.get("rates", {}))
+        for rate, (runs, section_of) in at_rate.items():
+            section = section_of.get(row.get("section_hash", ""))
+            run = runs.get(row["id"]) or runs.get(match_key(row["id"], section))
+            rates[rate] = time_at_rate(run, row["steps_to_target"], section, table["target_loss"],
+                                       row.get("steps_to_top1"), table.get("top1_target"))
+        rows.append({**row, "rates": rates})
+    return {**table, "systems": rows}
 
 
 def _reference(table: dict[str, Any]) -> dict[str, Any]:
@@ -102,7 +127,8 @@ def combine(seeds: Sequence[Sequence[Path]], clusters: Optional[dict[str, list[P
         row["verdict"] = _verdict(row, tables[0]["reference"])
         rows.append(row)
     floor = next((r for r in rows if r["id"] == NOISE_CONTROL), None)
-    return {"model": tables[0]["model"], "steps": tables[0]["steps"], "seeds": [[str(p) for p in s] for s in seeds],
+    return {"model": tables[0]["model"], "steps": tables[0]["steps"],
+            "seeds": [[shown_path(p) for p in s] for s in seeds],
             "noise_floor": None if floor is None else {k: floor[k] for k in ("gaps", "top1_diff", "steps_to_target")},
             "systems": rows}
 

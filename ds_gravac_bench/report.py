@@ -13,6 +13,18 @@ from typing import Any, Optional
 SKIP_STEPS = 2          # the dense discovery step and one warm-up step are not representative
 
 
+def shown_path(path: Path | str) -> str:
+    """How a report names a directory: relative to the working directory when it lies below it, else its last
+    component. Reports are kept and shared, so they never carry the absolute paths of the machine that wrote them."""
+    p = Path(path)
+    if not p.is_absolute():
+        return str(p)
+    try:
+        return str(p.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return p.name
+
+
 def read_steps(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
@@ -142,7 +154,7 @@ def markdown(results: dict[str, Any]) -> str:
               "the step count; logical bytes are the ds_gravac accounting (docs/design.md). Peak RSS: rank 0's "
               "resident set high-water mark (ranks are symmetric), libraries included.",
               "Paper reference numbers (GraVAC, 32 V100s): speed-up over static Top-k 10x — ResNet101 4.32×, VGG16 "
-              "1.95×, LSTM 6.67× (docs/BENCHMARKS.md)."]
+              "1.95×, LSTM 6.67× (the paper's, not measured here)."]
     return "\n".join(lines) + "\n"
 
 

@@ -34,7 +34,7 @@ F32 = torch.float32
 
 
 class LowRankParams(CompressorParams):
-    # 16: the rank that learned closest to dense per step on the tasks measured (docs/BENCHMARKS.md §5);
+    # 16: the rank that learned closest to dense per step on the tasks measured (docs/BENCHMARKS_HISTORY.md §3.5);
     # PyTorch's hook and the PowerSGD paper use 1-4, which lagged far behind here
     rank: int = Field(16, ge=1, le=1024)
     min_compression_rate: float = Field(2.0, ge=1.0)

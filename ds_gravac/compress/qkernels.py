@@ -2,7 +2,7 @@
 
 Why blocks. In eager PyTorch every operation over a partition is a pass over memory, and a fresh multi-MB
 temporary costs several passes more in page faults (a 16 MB fresh output: ~12 passes on the 2-core EPYC of
-``docs/BENCHMARKS.md`` §1), so the elementwise encoders spent 20–35 passes. Here a partition is processed in
+``docs/BENCHMARKS_HISTORY.md`` §3.1), so the elementwise encoders spent 20–35 passes. Here a partition is processed in
 blocks of about :data:`CHUNK` elements through buffers a :class:`Workspace` keeps across calls: the input is read
 from memory once per sweep, the intermediates stay in cache, and nothing large is allocated per call.
 

@@ -22,3 +22,22 @@ def test_speedups_are_computed_whatever_the_run_order(dense_first: bool) -> None
     assert dense["speedup_vs_ds_dense"] == 1.0
     assert fast["speedup_vs_ds_dense"] == pytest.approx(4.0) and slow["speedup_vs_ds_dense"] == pytest.approx(2.0)
     assert fast["speedup_vs_topk10"] == pytest.approx(2.0) and dense["speedup_vs_topk10"] == pytest.approx(0.5)
+
+
+def test_the_report_files_hold_no_absolute_path(tmp_path) -> None:
+    """results.json, results.md and the step table are kept and shared: nothing in them names this machine's paths."""
+    import json
+
+    from ds_gravac_bench.report import report
+
+    out = tmp_path / "e2e"
+    for sid, step_s in (("ds_dense", 2.0), ("gv_topk_100", 0.5)):
+        (out / "systems" / sid).mkdir(parents=True)
+        (out / "systems" / sid / "steps.jsonl").write_text(
+            "".join(json.dumps({**r, "bytes_sent": 1e6}) + "\n" for r in _records(step_s, [3.0, 2.0, 1.5, 1.0])))
+    meta = {"env": {"git_commit": "0" * 40}, "model": "mlp", "N": 2, "steps": 4,
+            "network": {"rate": "loopback", "delay": "0"}, "systems": {"ds_dense": {}, "gv_topk_100": {}}}
+    (out / "meta.json").write_text(json.dumps(meta))
+    report(out)
+    for name in ("results.json", "results.md", "steps_loss_time.csv"):
+        assert str(tmp_path) not in (out / name).read_text(), name

@@ -86,7 +86,7 @@ def test_runner_config_conventions(path: str) -> None:
     elif gravac.min_compress_numel != 16384:
         # the only other threshold: files that compress VGG16-bn's classifier matrices only, whose gradient has rank
         # <= the global batch, which PowerSGD recovers exactly at that rank; its convolutions (<= 2.36M values) go
-        # dense (docs/BENCHMARKS.md §5)
+        # dense (docs/BENCHMARKS_HISTORY.md §3.5)
         assert os.path.basename(path).startswith("vgg16_") and gravac.min_compress_numel == 3_000_000
         _check_classifier_only(cfg, gravac)
     else:
@@ -123,7 +123,7 @@ def test_configs_of_a_model_differ_only_in_their_gravac_section(model: str) -> N
     for path in others:
         assert rest(path) == dense, os.path.basename(path)
     exp = parse_config(_load(os.path.join(ROOT, "ds_configs", "resnet101_gravac_exp.json"))["gravac"])
-    # ε 0.3 since the files run Top-k with momentum correction (a lower gain than error feedback's, docs/BENCHMARKS.md §5)
+    # ε 0.3 since the files run Top-k with momentum correction (a lower gain than error feedback's, docs/BENCHMARKS_HISTORY.md §3.5)
     assert (exp.theta_min, exp.theta_max, exp.epsilon, exp.window, exp.scaling_policy) == \
         (10, 1000, 0.3, 500, "exponential")
     geo = parse_config(_load(os.path.join(ROOT, "ds_configs", "resnet101_gravac_geo.json"))["gravac"])

@@ -302,3 +302,22 @@ def test_runs_made_apart_merge_only_with_the_same_settings(tmp_path: Path) -> No
                        runner_extra=extra[:-1] + ["1"], lr=0.05)
     with pytest.raises(SystemExit, match="ran with other runner_extra than .*--seed', '1'"):
         build([dense, other], {})
+
+
+def test_reports_name_their_directories_without_absolute_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reports are kept and shared: a directory given by its absolute path is named relative to the working
+    directory when it lies below it, else by its last component — never by the machine's absolute path."""
+    from ds_gravac_bench.fidelity import report
+
+    work = tmp_path / "work"
+    loop = _write_run(work / "runs" / "loop", "mlp", {
+        "ds_dense": {"loss": DENSE, "time": 0.1, "bytes": 1000.0, "gravac": None},
+        "gv_topk_100": {"loss": DENSE, "time": 0.1, "bytes": 10.0, "gravac": STATIC}})
+    elsewhere = _write_run(tmp_path / "elsewhere" / "c1g", "mlp", {
+        "ds_dense": {"loss": DENSE[:20], "time": 2.0, "bytes": 1000.0, "gravac": None}})
+    monkeypatch.chdir(work)
+    res = report([loop.resolve()], {"1gbit": [elsewhere.resolve()]}, work / "out")
+    assert res["runs"] == ["runs/loop"] and res["clusters"] == {"1gbit": "c1g"}
+    assert "runs/loop" in (work / "out" / "fidelity.json").read_text()
+    for name in ("fidelity.json", "fidelity.md"):
+        assert str(tmp_path) not in (work / "out" / name).read_text()

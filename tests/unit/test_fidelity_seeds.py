@@ -202,3 +202,45 @@ def test_the_sweep_picks_per_family_the_soonest_level_within_the_bounds(tmp_path
     picks = pick(res)
     assert picks["sparsification"] == {"id": "gv_topk_10", "sort_key": [225.0, 0.1]}
     assert picks["low-rank"]["id"] == "gv_powersgd_r4" and picks["quantization"] is None
+
+
+def test_kept_reports_get_their_time_to_target_from_the_cluster_runs(tmp_path: Path) -> None:
+    """A seed given as a kept report (no loss curves) is timed as its runs would be: a static row's steps to target
+    × its cluster step (a dense start at the cluster's dense step), a GraVAC row from its own cluster run."""
+    from test_fidelity_report import DENSE, GRAVAC, STATIC, _write_run
+
+    from ds_gravac_bench.fidelity import build
+
+    warm = {**STATIC, "warmup_steps": 10}
+    loop = _write_run(tmp_path / "loop", "mlp", {
+        "ds_dense": {"loss": DENSE, "time": 0.1, "bytes": 1000.0, "gravac": None},
+        "gv_topk_100": {"loss": DENSE, "time": 0.1, "bytes": 10.0, "gravac": STATIC},
+        "warm": {"loss": DENSE, "time": 0.1, "bytes": 10.0, "gravac": warm},
+        "gv_gravac": {"loss": DENSE, "time": 0.1, "bytes": 10.0, "gravac": GRAVAC}})
+    cluster = _write_run(tmp_path / "c1g", "mlp", {
+        "ds_dense": {"loss": DENSE[:20], "time": 2.0, "bytes": 1000.0, "gravac": None},
+        "topk_under_another_id": {"loss": DENSE[:20], "time": 0.5, "bytes": 10.0, "gravac": STATIC},
+        "warm": {"loss": DENSE[:16], "time": [9.0] + [1.5] * 9 + [0.25] * 6, "bytes": 10.0, "gravac": warm},
+        "gv_gravac": {"loss": DENSE, "time": [0.3] * 100, "bytes": 10.0, "gravac": GRAVAC}})
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "fidelity.json").write_text(json.dumps(build(loop, {})))      # a report made without any cluster
+    from_report = {r["id"]: r for r in combine([[kept]], {"1gbit": [cluster]})["systems"]}
+    from_runs = {r["id"]: r for r in combine([[loop]], {"1gbit": [cluster]})["systems"]}
+    reach = from_report["ds_dense"]["steps_to_target"][0]
+    assert from_report["ds_dense"]["time_s"] == {"1gbit": pytest.approx(reach * 2.0)}
+    assert from_report["gv_topk_100"]["time_s"] == {"1gbit": pytest.approx(reach * 0.5)}
+    assert from_report["gv_topk_100"]["speedup"] == {"1gbit": pytest.approx(4.0)}
+    assert from_report["warm"]["time_s"] == {"1gbit": pytest.approx(10 * 1.5 + (reach - 10) * 0.25)}
+    assert from_report["gv_gravac"]["time_s"] == {"1gbit": pytest.approx(reach * 0.3)}   # its own run's steps
+    for sid, row in from_runs.items():
+        assert from_report[sid]["time_s"] == row["time_s"] and from_report[sid]["speedup"] == row["speedup"]
+
+
+def test_the_summary_names_seeds_without_absolute_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "runs").mkdir()
+    s0 = _seed(tmp_path / "runs" / "s0", 0.4, 0.84, [])       # below the working directory: named relative to it
+    s1 = _seed(tmp_path / "s1", 0.8, 0.76, [])                # elsewhere: named by its last component
+    monkeypatch.chdir(tmp_path / "runs")
+    res = combine([[s0.resolve()], [s1.resolve()]])
+    assert res["seeds"] == [["s0"], ["s1"]] and str(tmp_path) not in json.dumps(res)

@@ -1,0 +1,131 @@
+"""The goodput controller's plan (``ds_gravac/adapt/auto/solver.py``): equal to brute force on small random
+instances (ties included), the reference always feasible, deterministic, and the hysteresis rules."""
+from __future__ import annotations
+
+import itertools
+import random
+from typing import Optional
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ds_gravac.adapt.auto.solver import Hysteresis, solve, totals
+
+BRUTE_EXAMPLES = 400
+
+
+def brute(times, errors, budget) -> Optional[tuple]:
+    """Every code vector: least time, then least error, then the smaller codes group by group."""
+    best = None
+    for codes in itertools.product(*[range(len(r)) for r in times]):
+        t, e = totals(times, errors, codes)
+        if e <= budget and (best is None or (t, e, codes) < best):
+            best = (t, e, codes)
+    return best
+
+
+# values on a grid of quarters: sums are exact in float64, so ties are real and the tie rule is tested
+quarters = st.integers(0, 24).map(lambda v: v / 4)
+
+
+@st.composite
+def instances(draw):
+    groups = draw(st.integers(1, 5))
+    sizes = [draw(st.integers(1, 4)) for _ in range(groups)]
+    times = [[draw(quarters) for _ in range(k)] for k in sizes]
+    errors = [[draw(quarters) for _ in range(k)] for k in sizes]
+    return times, errors, draw(st.integers(0, 60).map(lambda v: v / 4))
+
+
+@settings(max_examples=BRUTE_EXAMPLES, deadline=None, derandomize=True)
+@given(instances())
+def test_equal_to_brute_force_on_small_instances(inst) -> None:
+    times, errors, budget = inst
+    want = brute(times, errors, budget)
+    plan = solve(times, errors, budget)
+    if want is None:
+        assert not plan.feasible
+        least = sum(min(r) for r in errors)
+        assert plan.error == pytest.approx(least)
+    else:
+        assert plan.feasible and plan.exact
+        assert (plan.time, plan.error, plan.codes) == want
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_equal_to_brute_force_on_random_floats(seed: int) -> None:
+    rng = random.Random(seed)
+    times = [sorted((rng.uniform(0, 1) for _ in range(rng.randint(1, 5))), reverse=True) for _ in range(6)]
+    errors = [[0.0] + sorted(rng.uniform(0, 1) for _ in range(len(r) - 1)) for r in times]
+    budget = rng.uniform(0, 3)
+    plan, want = solve(times, errors, budget), brute(times, errors, budget)
+    assert (plan.time, plan.error, plan.codes) == want
+
+
+def ladder_instance(seed: int, groups: int = 23):
+    """A ResNet101-sized instance: levels get cheaper and noisier down each ladder, dense (0) error-free."""
+    rng = random.Random(seed)
+    times, errors = [], []
+    for _ in range(groups):
+        k = rng.randint(5, 14)
+        times.append(sorted((rng.uniform(0.001, 0.3) for _ in range(k)), reverse=True))
+        errors.append([0.0] + sorted(rng.uniform(0, 1) for _ in range(k - 1)))
+    return times, errors
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_reference_is_always_feasible_and_never_beaten_by_the_plan(seed: int) -> None:
+    """With the budget at the reference's own error, the plan is never predicted slower or noisier."""
+    times, errors = ladder_instance(seed)
+    rng = random.Random(seed)
+    ref = [rng.randrange(len(r)) for r in times]
+    ref_t, ref_e = totals(times, errors, ref)
+    plan = solve(times, errors, ref_e, reference=ref)
+    assert plan.feasible and plan.time <= ref_t and plan.error <= ref_e
+    tight = solve(times, errors, ref_e, reference=ref, frontier_cap=1)       # no exact search: the fallback
+    assert not tight.exact and tight.feasible and tight.time <= ref_t and tight.error <= ref_e
+    assert plan.time <= tight.time
+
+
+def test_deterministic_and_order_of_calls_irrelevant() -> None:
+    times, errors = ladder_instance(3)
+    budget = totals(times, errors, [2] * len(times))[1]
+    first = solve(times, errors, budget)
+    solve(*ladder_instance(4), 1.0)
+    again = solve([list(r) for r in times], [list(r) for r in errors], budget)
+    assert first == again
+    assert all(isinstance(c, int) for c in first.codes)
+
+
+def test_fixed_groups_keep_their_code_and_bad_input_is_refused() -> None:
+    times = [[3.0, 1.0], [3.0, 1.0]]
+    errors = [[0.0, 1.0], [0.0, 1.0]]
+    assert solve(times, errors, 1.0).codes == (0, 1)                        # tie: the lower group moves
+    assert solve(times, errors, 1.0, fixed={1: 0}).codes == (1, 0)
+    assert solve(times, errors, 2.0, fixed={0: 0}).codes == (0, 1)
+    for bad in ([[1.0]], [[float("nan")]]), ([[1.0, 2.0]], [[0.0]]), ([[1.0]], [[-1.0]]):
+        with pytest.raises(ValueError):
+            solve(bad[0], bad[1], 1.0)
+    with pytest.raises(ValueError):
+        solve([[1.0]], [[0.0]], float("inf"))
+
+
+def test_hysteresis_needs_three_percent_or_a_violated_budget_and_keeps_dwelling_groups() -> None:
+    times = [[1.00, 0.98, 0.50], [1.0, 0.5]]
+    errors = [[0.0, 0.1, 1.0], [0.0, 1.0]]
+    h = Hysteresis(groups=2, min_gain=0.03, dwell=2)
+    # 0.02 s of 2 s is 1%: no switch
+    codes, moved = h.step(0, (0, 0), times, errors, budget=0.1)
+    assert codes == (0, 0) and not moved
+    # a budget that allows 0.5 s: 25% gain, switch
+    codes, moved = h.step(1, (0, 0), times, errors, budget=1.0)
+    assert moved and codes == (0, 1)
+    # next decision: group 1 dwells, so only group 0 may move (and 1.0 + 1.0 > 1.5 would not fit anyway)
+    codes2, moved2 = h.step(2, codes, times, errors, budget=2.0)
+    assert codes2[1] == 1 and codes2 == (2, 1) and moved2
+    # a violated budget frees every group at once, dwell or not
+    codes3, moved3 = h.step(3, codes2, times, errors, budget=0.0)
+    assert moved3 and codes3 == (0, 0)
+    with pytest.raises(ValueError):
+        Hysteresis(groups=1, min_gain=1.5)
