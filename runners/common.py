@@ -106,8 +106,8 @@ def finish_parser(parser: argparse.ArgumentParser, argv: Optional[list[str]] = N
         parser.error(f"--grad-jitter must be in [0, {MAX_JITTER}], got {args.grad_jitter}")
     if args.grad_jitter and args.system not in ("deepspeed", "gravac"):
         parser.error(f"--grad-jitter applies to --system deepspeed or gravac, not {args.system}")
-    if args.lr_warmup < 0 or args.lr_warmup >= args.steps:
-        parser.error(f"--lr-warmup must be in [0, --steps={args.steps}), got {args.lr_warmup}")
+    if args.lr_warmup < 0:      # a warm-up past --steps is allowed (a shortened run of a long task)
+        parser.error(f"--lr-warmup must be >= 0, got {args.lr_warmup}")
     if not 0.0 < args.lr_decay_gamma <= 1.0:
         parser.error(f"--lr-decay-gamma must be in (0, 1], got {args.lr_decay_gamma}")
     if args.localsgd_period < 1 or args.localsgd_start < 0:

@@ -42,7 +42,8 @@ def test_runner_flags_are_checked_before_training(capsys: pytest.CaptureFixture[
 
     base = ["--deepspeed_config", "ds_configs/mlp_dense.json", "--steps", "10"]
     assert parse_args(base + ["--lr-warmup", "2", "--lr-decay-at", "0.5,0.75"]).lr_decay_at == (0.5, 0.75)
-    for bad, message in ((["--lr-warmup", "10"], "--lr-warmup must be in"),
+    assert parse_args(base + ["--lr-warmup", "300"]).lr_warmup == 300        # a shortened long task keeps its warm-up
+    for bad, message in ((["--lr-warmup", "-1"], "--lr-warmup must be >= 0"),
                          (["--lr-decay-gamma", "0"], "--lr-decay-gamma must be in"),
                          (["--localsgd-period", "0"], "--localsgd-period must be >= 1")):
         with pytest.raises(SystemExit):
