@@ -171,6 +171,7 @@ def run_matrix(opts: argparse.Namespace) -> Path:
                             "runner_extra": list(opts.runner_extra),
                             "ablation": opts.ablation, "epsilon": opts.epsilon, "theta_min": opts.theta_min,
                             "lr": base["optimizer"]["params"]["lr"], "micro_batch": opts.micro_batch,
+                            "fidelity": getattr(opts, "fidelity", None),
                             "network": {"rate": net, "delay": "0"}, "systems": {}}
     cluster = None
     if not loopback:
@@ -197,7 +198,7 @@ def run_matrix(opts: argparse.Namespace) -> Path:
             else:
                 rc, veth = _run_one(cluster, script, args, ddp, 29500 + n, opts.timeout, log_dir)
             import hashlib
-            meta["systems"][sid] = {"returncode": rc, "veth_bytes": veth, "note": spec.note,
+            meta["systems"][sid] = {"returncode": rc, "veth_bytes": veth, "note": spec.note, "family": spec.family,
                                     "config_hash": hashlib.sha1(cfg_path.read_bytes()).hexdigest()[:12]}
             (out / "meta.json").write_text(json.dumps(meta, indent=1))
             print(f"[bench_e2e] {sid}: exit {rc}", flush=True)

@@ -26,11 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from ds_gravac_bench.fidelity_output import markdown, plots
+from ds_gravac_bench.fidelity_output import NOISE_CONTROL, markdown, plots
+from ds_gravac_bench.fidelity_time import first_eval_reach, first_reach, time_at_rate
+from ds_gravac_bench.gravac_label import run_section, system_label
 from ds_gravac_bench.report import SKIP_STEPS, read_steps, shown_path, smooth
 
 ROOT = Path(__file__).resolve().parent.parent
-TARGET_FRACTION = 0.75          # dense's smoothed loss at 75% of the budget is the target
+TARGET_FRACTION = 0.75          # dense's smoothed loss at 75% of the budget is the target (a task may set another)
 LOSS_BOUND = 1.05               # a configuration passes when its final smoothed loss is ≤ dense's + 5% ...
 TOP1_POINTS = 0.02              # ... top-1 within 2 points, perplexity within 5% ...
 BYTES_BOUND = 0.5               # ... and it sends less than half of dense's bytes
@@ -43,6 +45,22 @@ class FidelityTask:
     systems: tuple[str, ...]
     micro_batch: Optional[int] = None
     runner_extra: tuple[str, ...] = ()
+    target_fraction: float = TARGET_FRACTION   # the loss target: dense's smoothed loss at this fraction of the budget
+    top1_margin: Optional[float] = None        # the held-out target: dense's final top-1 minus this (0.005 = 0.5 pt)
+    lr: Optional[float] = None                 # default: the model's dense config in ds_configs/
+
+
+# The long regime (docs/BENCHMARKS_LONG.md): ResNet-18 on 100-class synthetic images with heavy noise, a fresh image
+# at every draw (400,000 training images > 6,000 steps × 64), warm-up then ×0.1 at 50% and 75% of the budget.
+LONG_IMAGES = ("--num-classes", "100", "--synthetic-noise", "12", "--synthetic-size", "400000")
+BASELINES = ("ds_dense", "ds_dense_jitter", "ds_fp16", "ds_bf16", "ddp_dense", "ddp_bf16", "ddp_powersgd",
+             "ddp_localsgd")
+OURS = ("gv_default", "gv_powersgd_r4", "gv_topk_100", "gv_gravac")
+
+
+def _schedule(steps: int, warmup: int, eval_every: int, eval_batches: int) -> tuple[str, ...]:
+    return ("--lr-warmup", str(warmup), "--lr-decay-at", "0.5,0.75", "--eval-every", str(eval_every),
+            "--eval-batches", str(eval_batches))
 
 
 TASKS = {
@@ -53,6 +71,12 @@ TASKS = {
                          runner_extra=("--lstm-size", "medium")),
     "mlp": FidelityTask("mlp", 300, ("ds_dense", "gv_powersgd_r16", "gv_powersgd_r4", "gv_topk_10", "gv_topk_100",
                                      "gv_dgc_10_nomask")),
+    "resnet18_long": FidelityTask("resnet18", 6000, BASELINES + OURS, lr=0.02, target_fraction=0.9,
+                                  top1_margin=0.005, runner_extra=LONG_IMAGES + _schedule(6000, 300, 200, 40)),
+    "lstm_long": FidelityTask("lstm", 2000, BASELINES + OURS, target_fraction=0.9,
+                              runner_extra=("--lstm-size", "medium") + _schedule(2000, 100, 200, 20)),
+    "mlp_screen": FidelityTask("mlp", 3000, BASELINES + OURS, lr=0.05, target_fraction=0.9, top1_margin=0.005,
+                               runner_extra=LONG_IMAGES + _schedule(3000, 150, 100, 40)),
 }
 
 
@@ -66,22 +90,27 @@ def run(opts: argparse.Namespace) -> Path:
     task = TASKS[opts.task]
     e2e = argparse.Namespace(model=task.model, rate="loopback", ranks=2, steps=opts.steps or task.steps,
                              systems=opts.systems or ",".join(task.systems), micro_batch=opts.micro_batch
-                             or task.micro_batch, lr=None, epsilon=0.7, theta_min=10.0, ablation=None, tag=3,
+                             or task.micro_batch, lr=task.lr, epsilon=0.7, theta_min=10.0, ablation=None, tag=3,
                              timeout=opts.timeout, smoke=False,
                              out=opts.out or ROOT / "runs" / f"fidelity-{opts.task}-seed{opts.seed}",
-                             runner_extra=(*task.runner_extra, "--seed", str(opts.seed)))
+                             runner_extra=(*task.runner_extra, "--seed", str(opts.seed)),
+                             fidelity={"task": opts.task, "seed": opts.seed, "target_fraction": task.target_fraction,
+                                       "top1_margin": task.top1_margin})
     return run_matrix(e2e)
 
 
 # ---- report -------------------------------------------------------------------------------------------------
 
 
-def _family(section: Optional[dict[str, Any]]) -> str:
-    """None is DeepSpeed's own path; a section's missing keys take the product's defaults (``{}`` is the default
-    section, judged by the family of its compressor)."""
+def _family(section: Optional[dict[str, Any]], declared: Optional[str] = None) -> str:
+    """``declared`` is the family a bench system states (``"baseline"``: 16-bit all-reduce, PyTorch's PowerSGD,
+    post-local SGD); else None is DeepSpeed's or DDP's own dense path; a section's missing keys take the product's
+    defaults (``{}`` is the default section, judged by the family of its compressor)."""
     from ds_gravac.compress.registry import lookup
     from ds_gravac.config import parse_config
 
+    if declared:
+        return declared
     if section is None:
         return "dense"
     cfg = parse_config(section)
@@ -110,27 +139,29 @@ def _curve(records: list[dict[str, Any]]) -> dict[str, Any]:
     times = [float(r["time/step"]) for r in body if r.get("time/step") is not None]
     sent = [float(r["bytes_sent"]) for r in records if r.get("bytes_sent") is not None]
     evals = {k: v for r in records for k, v in r.items() if k.startswith("eval/")}
+    top1 = [(int(r.get("step", i + 1)), float(r["eval/top1"])) for i, r in enumerate(records) if "eval/top1" in r]
     return {"loss": losses, "smoothed": smooth(losses), "times": [float(r.get("time/step") or 0) for r in records],
             "median_step": statistics.median(times) if times else None,
-            "mean_bytes": statistics.fmean(sent) if sent else None, "eval": evals}
-
-
-def _first_reach(smoothed: list[float], target: float) -> Optional[int]:
-    """1-based step at which the smoothed loss first reaches the target."""
-    return next((i + 1 for i, s in enumerate(smoothed) if s <= target), None)
+            "mean_bytes": statistics.fmean(sent) if sent else None, "eval": evals, "evals": top1}
 
 
 def _load_dir(path: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     meta = json.loads((path / "meta.json").read_text())
-    curves = {sid: _curve(read_steps(path / "systems" / sid / "steps.jsonl")) for sid, m in meta["systems"].items()
+    curves = {sid: {**_curve(read_steps(path / "systems" / sid / "steps.jsonl")), "family": m.get("family")}
+              for sid, m in meta["systems"].items()
               if m.get("returncode", 0) == 0}       # a run that failed or was stopped has no comparable curve
     return meta, curves
 
 
-def _load_dirs(paths: Sequence[Path]) -> tuple[dict[str, Any], dict[str, dict[str, Any]],
-                                                dict[str, Optional[dict[str, Any]]]]:
+SAME_SETTINGS = ("steps", "lr", "micro_batch", "runner_extra")     # what loopback runs merged together must share
+
+
+def _load_dirs(paths: Sequence[Path], same_settings: bool = False
+               ) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, Optional[dict[str, Any]]]]:
     """Systems of several invocations of one model, first occurrence wins. Their dense reference curves must be
-    identical (runs are deterministic on one machine), or the merge would compare against different targets."""
+    identical (runs are deterministic on one machine), or the merge would compare against different targets. With
+    ``same_settings`` (loopback runs made at different times, e.g. one long system per invocation) they must also
+    share budget, lr, micro batch and runner options — seed and task included — whether or not each ran dense."""
     meta: dict[str, Any] = {}
     curves: dict[str, dict[str, Any]] = {}
     sections: dict[str, Optional[dict[str, Any]]] = {}
@@ -139,6 +170,10 @@ def _load_dirs(paths: Sequence[Path]) -> tuple[dict[str, Any], dict[str, dict[st
         m, c = _load_dir(path)
         if meta and m["model"] != meta["model"]:
             raise SystemExit(f"fidelity: {path} trained {m['model']}, not {meta['model']}")
+        differ = [k for k in SAME_SETTINGS if meta and same_settings and m.get(k) != meta.get(k)]
+        if differ:
+            raise SystemExit(f"fidelity: {path} ran with other {', '.join(differ)} than {paths[0]} "
+                             f"({', '.join(f'{m.get(k)} vs {meta.get(k)}' for k in differ)}): not one comparison")
         meta = meta or m
         dense = next((c[sid]["loss"] for sid in ("ds_dense", "gv_dense") if sid in c and c[sid]["loss"]), None)
         if dense is not None and reference is not None:
@@ -149,84 +184,89 @@ def _load_dirs(paths: Sequence[Path]) -> tuple[dict[str, Any], dict[str, dict[st
         reference = reference or dense
         for sid, curve in c.items():
             if sid not in curves:
-                curves[sid], sections[sid] = curve, _section(path, sid)
+                curves[sid], sections[sid] = curve, run_section(path, sid)
     return meta, curves, sections
 
 
-def _adaptive(section: Optional[dict[str, Any]]) -> bool:
-    return bool(section) and section.get("mode") == "gravac"
-
-
-def _time_at_rate(sid: str, curve: dict[str, Any], steps_to_target: Optional[int], section: Optional[dict[str, Any]],
-                  cluster: dict[str, dict[str, Any]], target: float) -> dict[str, Any]:
-    """Step time and time to target of one system at one rate (see the module docstring)."""
-    run = cluster.get(sid) or cluster.get(match_key(sid, section))
-    if run is None or run["median_step"] is None:
-        return {"step_s": None, "time_s": None, "source": "no cluster run"}
-    if _adaptive(section):
-        reach = _first_reach(run["smoothed"], target)
-        return {"step_s": run["median_step"], "time_s": sum(run["times"][:reach]) if reach else None,
-                "source": "cluster run"}
-    warmup = int((section or {}).get("warmup_steps", 0))
-    if warmup:
-        return _time_with_dense_start(run, steps_to_target, warmup)
-    time_s = steps_to_target * run["median_step"] if steps_to_target else None
-    return {"step_s": run["median_step"], "time_s": time_s, "source": "loopback steps × cluster step"}
-
-
-def _time_with_dense_start(run: dict[str, Any], steps_to_target: Optional[int], warmup: int) -> dict[str, Any]:
-    """A static system that starts with ``warmup`` dense steps: those at its cluster run's dense step, the rest at
-    its compressed step (both medians past the first ``SKIP_STEPS``). Its cluster run must outlast the warm-up by at
-    least ``SKIP_STEPS`` compressed steps, or there is no compressed step to take."""
-    times = run["times"]
-    dense_part, compressed_part = times[SKIP_STEPS:warmup], times[warmup + SKIP_STEPS:]
-    if not dense_part or not compressed_part:
-        return {"step_s": None, "time_s": None,
-                "source": f"cluster run of {len(times)} steps too short for {warmup} dense steps"}
-    dense_s, step_s = statistics.median(dense_part), statistics.median(compressed_part)
-    time_s = (min(steps_to_target, warmup) * dense_s + max(0, steps_to_target - warmup) * step_s
-              if steps_to_target else None)
-    return {"step_s": step_s, "dense_start_step_s": dense_s, "time_s": time_s,
-            "source": f"{warmup} dense steps × cluster dense step + the rest × cluster step"}
-
-
-def build(dirs: Sequence[Path] | Path, clusters: dict[str, Sequence[Path] | Path]) -> dict[str, Any]:
+def build(dirs: Sequence[Path] | Path, clusters: dict[str, Sequence[Path] | Path],
+          target_fraction: Optional[float] = None) -> dict[str, Any]:
     """The fidelity table of the runs in ``dirs`` (loss per step), with step times from ``clusters`` (rate →
-    bench_e2e directories on the emulated cluster)."""
-    meta, curves, sections = _load_dirs(_paths(dirs))
+    bench_e2e directories on the emulated cluster). The loss target's fraction of the budget and the top-1 margin
+    come from the task the first directory ran (``meta["fidelity"]``), unless ``target_fraction`` is given."""
+    meta, curves, sections = _load_dirs(_paths(dirs), same_settings=True)
     ref_id = "ds_dense" if "ds_dense" in curves else next((s for s in curves if _family(sections[s]) == "dense"),
                                                           None)
     if ref_id is None or not curves[ref_id]["smoothed"]:
         raise SystemExit("fidelity: the run has no dense system (ds_dense or a mode 'dense' config) to compare with")
     ref = curves[ref_id]
-    target = ref["smoothed"][max(0, int(TARGET_FRACTION * len(ref["smoothed"])) - 1)]
+    task = meta.get("fidelity") or {}
+    fraction = target_fraction or task.get("target_fraction") or TARGET_FRACTION
+    target = ref["smoothed"][max(0, int(fraction * len(ref["smoothed"])) - 1)]
+    margin, dense_top1 = task.get("top1_margin"), ref["eval"].get("eval/top1")
+    top1_target = dense_top1 - margin if margin is not None and dense_top1 is not None else None
     cluster_curves = {rate: _cluster_runs(_paths(path)) for rate, path in clusters.items()}
     rows = []
     for sid, c in curves.items():
         if not c["smoothed"] or sid.startswith("compute_only"):   # one rank alone: only its step time means something
             continue
         n = min(len(c["smoothed"]), len(ref["smoothed"]))
-        reach = _first_reach(c["smoothed"], target)
-        row = {"id": sid, "family": _family(sections[sid]), "section_hash": match_key(sid, sections[sid]),
-               "steps": len(c["smoothed"]),
+        reach = first_reach(c["smoothed"], target)
+        top1_reach = first_eval_reach(c["evals"], top1_target) if top1_target is not None else None
+        row = {"id": sid, "label": system_label(sid, sections[sid], len(c["smoothed"])),
+               "family": _family(sections[sid], c.get("family")),
+               "section_hash": match_key(sid, sections[sid]), "steps": len(c["smoothed"]),
                "final_loss": c["smoothed"][n - 1], "dense_loss": ref["smoothed"][n - 1],
                "gap": c["smoothed"][n - 1] / ref["smoothed"][n - 1] - 1.0,
                "bytes_ratio": c["mean_bytes"] / ref["mean_bytes"] if c["mean_bytes"] and ref["mean_bytes"] else None,
                "rises": max(c["smoothed"]) > c["smoothed"][0] + 1e-12, "peak": max(c["smoothed"]),
-               "steps_to_target": reach, "eval": c["eval"], "rates": {}}
+               "steps_to_target": reach, "steps_to_top1": top1_reach, "eval": c["eval"], "rates": {}}
         for rate, cl in cluster_curves.items():
-            row["rates"][rate] = _time_at_rate(sid, c, reach, sections[sid], cl, target)
+            run = cl.get(sid) or cl.get(match_key(sid, sections[sid]))
+            row["rates"][rate] = time_at_rate(run, reach, sections[sid], target, top1_reach, top1_target)
         row["verdict"] = _verdict(row, ref, ref_id)
         rows.append(row)
     for rate in clusters:
-        dense_t = next((r["rates"][rate]["time_s"] for r in rows if r["id"] == ref_id), None)
+        dense = next((r["rates"][rate] for r in rows if r["id"] == ref_id), {})
         for r in rows:
-            mine = r["rates"][rate]["time_s"]
-            r["rates"][rate]["speedup"] = dense_t / mine if dense_t and mine else None
+            mine = r["rates"][rate]
+            for key, out in (("time_s", "speedup"), ("top1_time_s", "top1_speedup")):
+                theirs = dense.get(key)
+                mine[out] = theirs / mine[key] if theirs and mine.get(key) else None
     return {"model": meta["model"], "steps": meta["steps"], "reference": ref_id, "target_loss": target,
-            "target_fraction": TARGET_FRACTION,
+            "target_fraction": fraction, "top1_target": top1_target, "top1_margin": margin,
+            "noise_floor": _noise_floor(rows, ref_id), "failures": _failures(_paths(dirs), curves),
             "env": meta.get("env"), "runs": [shown_path(p) for p in _paths(dirs)],
             "clusters": {k: ", ".join(shown_path(p) for p in _paths(v)) for k, v in clusters.items()}, "systems": rows}
+
+
+def _noise_floor(rows: list[dict[str, Any]], ref_id: str) -> Optional[dict[str, Any]]:
+    """How far dense lands from itself when its gradients are perturbed by 1e-6 (``ds_dense_jitter``): the gap,
+    top-1 difference and steps to target a method must beat to mean anything on this seed."""
+    control = next((r for r in rows if r["id"] == NOISE_CONTROL), None)
+    dense = next(r for r in rows if r["id"] == ref_id)
+    if control is None:
+        return None
+    mine, theirs = control["eval"].get("eval/top1"), dense["eval"].get("eval/top1")
+    return {"gap": control["gap"], "top1_diff": mine - theirs if mine is not None and theirs is not None else None,
+            "steps_to_target": control["steps_to_target"], "steps_to_top1": control["steps_to_top1"]}
+
+
+def _failures(paths: Sequence[Path], curves: dict[str, Any]) -> list[dict[str, Any]]:
+    """Systems that did not finish (a baseline that does not run here shows why instead of vanishing): their exit
+    code and the last error line of their log."""
+    out = []
+    for path in paths:
+        for sid, m in json.loads((path / "meta.json").read_text())["systems"].items():
+            if m.get("returncode", 0) != 0 and sid not in curves and sid not in {f["id"] for f in out}:
+                out.append({"id": sid, "returncode": m.get("returncode"), "error": _last_error(path / "systems" / sid)})
+    return out
+
+
+def _last_error(system_dir: Path) -> str:
+    log = system_dir / "log.txt"
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    hits = [ln.strip() for ln in lines if "Error" in ln or "error:" in ln or "EnforceNotMet" in ln]
+    return (hits or lines or ["no log"])[-1][:300]
 
 
 def _cluster_runs(paths: Sequence[Path]) -> dict[str, dict[str, Any]]:
@@ -250,11 +290,6 @@ def match_key(sid: str, section: Optional[dict[str, Any]]) -> str:
     return hashlib.sha1(json.dumps(section, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def _section(outdir: Path, sid: str) -> Optional[dict[str, Any]]:
-    cfg = outdir / "configs" / f"{sid}.json"
-    return json.loads(cfg.read_text()).get("gravac") if cfg.exists() else None
-
-
 def _verdict(row: dict[str, Any], ref: dict[str, Any], ref_id: str) -> str:
     """Which of the accuracy bounds a compressed row misses ("ok" when none). Another dense row (a control such
     as ``ds_dense_jitter``) is judged on the accuracy bounds alone, prefixed "control"."""
@@ -268,11 +303,12 @@ def _verdict(row: dict[str, Any], ref: dict[str, Any], ref_id: str) -> str:
 def judged(family: str, loss: float, dense_loss: float, top1: Optional[float], dense_top1: Optional[float],
            ppl: Optional[float], dense_ppl: Optional[float], bytes_ratio: Optional[float], rises: bool,
            prefix: str = "") -> str:
-    """:func:`bound_misses` for a non-reference row; a dense one is a control, judged on accuracy alone."""
-    control = family == "dense"
+    """:func:`bound_misses` for a non-reference row; a dense one is a control and a baseline (16-bit all-reduce,
+    PyTorch's PowerSGD, post-local SGD) is what compression competes with: both are judged on accuracy alone."""
+    control = family in ("dense", "baseline")
     verdict = bound_misses(loss, dense_loss, top1, dense_top1, ppl, dense_ppl, None if control else bytes_ratio,
                            rises, prefix)
-    return f"control: {verdict}" if control else verdict
+    return f"{'control' if family == 'dense' else family}: {verdict}" if control else verdict
 
 
 def bound_misses(loss: float, dense_loss: float, top1: Optional[float], dense_top1: Optional[float],

@@ -7,6 +7,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+NOISE_CONTROL = "ds_dense_jitter"
+
 
 def _fmt(x: Any, spec: str = ".3f") -> str:
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
@@ -16,25 +18,40 @@ def _fmt(x: Any, spec: str = ".3f") -> str:
 
 def markdown(res: dict[str, Any]) -> str:
     rates = list(res["clusters"])
-    head = ["system", "family", "final loss (dense)", "gap", "eval", "bytes / dense", "peak", "steps to target"]
+    top1 = res.get("top1_target") is not None
+    floor = res.get("noise_floor")
+    head = ["system", "family", "final loss (dense)", "gap" + (" (noise floor)" if floor else ""), "eval",
+            "bytes / dense", "peak", "steps to target"] + (["steps to top-1 target"] if top1 else [])
     for rate in rates:
         head += [f"{rate} step s", f"{rate} time to target s", f"{rate} × dense"]
+        head += [f"{rate} time to top-1 s (× dense)"] if top1 else []
     head.append("bounds")
     lines = [f"# Fidelity — {res['model']}, {res['steps']} steps, 2 ranks",
              "", f"Target: {res['reference']}'s smoothed loss at {round(100 * res['target_fraction'])}% of the budget "
-             f"= {res['target_loss']:.4f}. Bounds: final loss ≤ dense + 5%, top-1 within 2 points / perplexity within "
-             f"5%, < 50% of dense's bytes, smoothed loss never above its start.", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+             f"= {res['target_loss']:.4f}" + (f"; held-out top-1 {100 * res['top1_target']:.2f}% ({res['reference']}'s "
+                                               f"final minus {100 * res['top1_margin']:g} point)" if top1 else "")
+             + ". Bounds: final loss ≤ dense + 5%, top-1 within 2 points / perplexity within "
+             f"5%, < 50% of dense's bytes, smoothed loss never above its start.", ""]
+    if floor:
+        lines += [f"Noise floor ({NOISE_CONTROL}: dense with its gradients × (1 + 1e-6·N(0,1))): loss gap "
+                  f"{100 * floor['gap']:+.1f}%" + (f", top-1 {100 * floor['top1_diff']:+.2f} points"
+                                                   if floor.get("top1_diff") is not None else "")
+                  + f", steps to target {_fmt(floor['steps_to_target'], 'd')}.", ""]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in res["systems"]:
         ev = ", ".join(f"{k[5:]} {v:.3g}" for k, v in sorted(r["eval"].items()) if k in ("eval/top1", "eval/ppl"))
-        cells = [r.get("label", r["id"]), r["family"], f"{r['final_loss']:.3f} ({r['dense_loss']:.3f})",
-                 f"{100 * r['gap']:+.1f}%", ev or "–", _fmt(r["bytes_ratio"], ".4f"), f"{r['peak']:.2f}",
-                 _fmt(r["steps_to_target"], "d")]
+        gap = f"{100 * r['gap']:+.1f}%" + (f" (±{100 * abs(floor['gap']):.1f}%)" if floor else "")
+        cells = [r.get("label", r["id"]), r["family"], f"{r['final_loss']:.3f} ({r['dense_loss']:.3f})", gap,
+                 ev or "–", _fmt(r["bytes_ratio"], ".4f"), f"{r['peak']:.2f}", _fmt(r["steps_to_target"], "d")]
+        cells += [_fmt(r.get("steps_to_top1"), "d")] if top1 else []
         for rate in rates:
             t = r["rates"][rate]
             cells += [_fmt(t["step_s"], ".2f"), _fmt(t["time_s"], ".0f"), _fmt(t.get("speedup"), ".2f")]
+            cells += [f"{_fmt(t.get('top1_time_s'), '.0f')} ({_fmt(t.get('top1_speedup'), '.2f')})"] if top1 else []
         cells.append(r["verdict"])
         lines.append("| " + " | ".join(cells) + " |")
+    for f in res.get("failures", []):
+        lines.append(f"| {f['id']} | failed (exit {f['returncode']}): {f['error'].replace('|', '/')} |")
     lines += ["", "Time to target: steps to target on the loopback curve × the system's median cluster step "
               "(GraVAC rows: their own cluster run). Clusters: " + (", ".join(f"{k} = {v}" for k, v in
                                                                         res["clusters"].items()) or "none") + "."]

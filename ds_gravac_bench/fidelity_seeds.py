@@ -27,8 +27,9 @@ import statistics
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from ds_gravac_bench.fidelity import (_cluster_runs, _load_dirs, _time_at_rate, build, cluster_arg, clusters_of,
-                                      judged, match_key)
+from ds_gravac_bench.fidelity import _cluster_runs, _load_dirs, build, cluster_arg, clusters_of, judged, match_key
+from ds_gravac_bench.fidelity_output import NOISE_CONTROL
+from ds_gravac_bench.fidelity_time import time_at_rate
 from ds_gravac_bench.report import shown_path
 
 
@@ -77,7 +78,9 @@ def _with_rates(table: dict[str, Any], clusters: dict[str, list[Path]]) -> dict[
         rates = dict(row.get("rates", {}))
         for rate, (runs, section_of) in at_rate.items():
             section = section_of.get(row.get("section_hash", ""))
-            rates[rate] = _time_at_rate(row["id"], {}, row["steps_to_target"], section, runs, table["target_loss"])
+            run = runs.get(row["id"]) or runs.get(match_key(row["id"], section))
+            rates[rate] = time_at_rate(run, row["steps_to_target"], section, table["target_loss"],
+                                       row.get("steps_to_top1"), table.get("top1_target"))
         rows.append({**row, "rates": rates})
     return {**table, "systems": rows}
 
@@ -120,11 +123,41 @@ def combine(seeds: Sequence[Sequence[Path]], clusters: Optional[dict[str, list[P
                "time_s": _mean_times(per), "dense_time_s": _mean_times(dense)}
         row["speedup"] = {rate: row["dense_time_s"].get(rate) / t if t and row["dense_time_s"].get(rate) else None
                           for rate, t in row["time_s"].items()}
+        row.update(_paired(per, dense))
         row["verdict"] = _verdict(row, tables[0]["reference"])
         rows.append(row)
+    floor = next((r for r in rows if r["id"] == NOISE_CONTROL), None)
     return {"model": tables[0]["model"], "steps": tables[0]["steps"],
             "seeds": [[shown_path(p) for p in s] for s in seeds],
+            "noise_floor": None if floor is None else {k: floor[k] for k in ("gaps", "top1_diff", "steps_to_target")},
             "systems": rows}
+
+
+def _spread(xs: Sequence[Optional[float]]) -> Optional[dict[str, float]]:
+    """Mean and sample standard deviation (0 for one seed) of per-seed values; None when a seed has none."""
+    vals = [x for x in xs if x is not None]
+    if len(vals) != len(xs) or not vals:
+        return None
+    return {"mean": statistics.fmean(vals), "sd": statistics.stdev(vals) if len(vals) > 1 else 0.0, "n": len(vals)}
+
+
+def _paired(per: Sequence[dict[str, Any]], dense: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Final held-out top-1 and its paired difference to the same seed's dense run as mean ± spread, the steps to
+    the held-out target per seed, and the mean time to it per rate (the verdict's second target)."""
+    top1 = [r["eval"].get("eval/top1") for r in per]
+    dense_top1 = [d["eval"].get("eval/top1") for d in dense]
+    diffs = [a - b if a is not None and b is not None else None for a, b in zip(top1, dense_top1)]
+    rates = set().union(*(r.get("rates", {}) for r in [*per, *dense]))
+    top1_time = {rate: _mean([r.get("rates", {}).get(rate, {}).get("top1_time_s") for r in per])
+                 for rate in sorted(rates)}
+    dense_time = {rate: _mean([d.get("rates", {}).get(rate, {}).get("top1_time_s") for d in dense])
+                  for rate in sorted(rates)}
+    return {"top1_spread": _spread(top1), "top1_diff": _spread(diffs),
+            "steps_to_top1": [r.get("steps_to_top1") for r in per],
+            "dense_steps_to_top1": [d.get("steps_to_top1") for d in dense],
+            "top1_time_s": top1_time,
+            "top1_speedup": {rate: dense_time[rate] / t if t and dense_time[rate] else None
+                             for rate, t in top1_time.items()}}
 
 
 def _matching_key(tables: Sequence[dict[str, Any]]) -> str:
@@ -157,6 +190,8 @@ def markdown(res: dict[str, Any]) -> str:
     head = ["system", "gap per seed", "mean final loss (dense)", "gap of the means", "mean top-1 or perplexity (dense)",
             "bytes / dense", "steps to target per seed (dense)"]
     head += [f"{rate} mean time to target s (× dense)" for rate in rates] + ["bounds on the means"]
+    floor = _floor_gap(res)
+    floor_cell = f" (noise floor {100 * floor:.1f}%)" if floor is not None else ""
     lines = [f"# Fidelity over {n} seeds — {res['model']}, {res['steps']} steps, 2 ranks", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in res["systems"]:
@@ -168,15 +203,50 @@ def markdown(res: dict[str, Any]) -> str:
         lines.append("| " + " | ".join([
             r["id"] + (f" (also {', '.join(r['also'])})" if r.get("also") else ""),
             ", ".join(f"{100 * g:+.0f}%" for g in r["gaps"]),
-            f"{r['final_loss']:.3f} ({r['dense_loss']:.3f})", f"{100 * r['gap']:+.1f}%", top1,
+            f"{r['final_loss']:.3f} ({r['dense_loss']:.3f})", f"{100 * r['gap']:+.1f}%" + floor_cell, top1,
             "–" if r["bytes_ratio"] is None else f"{r['bytes_ratio']:.3f}", steps]
             + [_time_cell(r, rate) for rate in rates] + [r["verdict"]]) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _top1_table(res)) + "\n"
+
+
+def _floor_gap(res: dict[str, Any]) -> Optional[float]:
+    """The noise floor of a loss gap: the mean |gap| of ``ds_dense_jitter`` over the seeds."""
+    floor = res.get("noise_floor")
+    return statistics.fmean(abs(g) for g in floor["gaps"]) if floor and floor.get("gaps") else None
+
+
+def _pm(spread: Optional[dict[str, float]], scale: float = 100.0, spec: str = ".1f") -> str:
+    return "–" if spread is None else f"{scale * spread['mean']:{spec}} ± {scale * spread['sd']:{spec.lstrip('+')}}"
+
+
+def _top1_table(res: dict[str, Any]) -> list[str]:
+    """Final held-out top-1 as mean ± spread over the paired seeds, its paired difference to dense beside the noise
+    floor's, steps to the held-out target per seed and the mean time to it per rate (absent without top-1)."""
+    rows = [r for r in res["systems"] if r.get("top1_spread")]
+    if not rows:
+        return []
+    rates = sorted({rate for r in rows for rate in r.get("top1_time_s", {})})
+    floor = (res.get("noise_floor") or {}).get("top1_diff")
+    head = ["system", "top-1 % (mean ± sd)", "top-1 − dense, points" + (f" (noise floor {_pm(floor, spec='+.2f')})"
+                                                                    if floor else ""),
+            "steps to top-1 target per seed (dense)"] + [f"{rate} mean time to top-1 s (× dense)" for rate in rates]
+    lines = ["", "Held-out top-1 over the paired seeds (sd: sample standard deviation over seeds).", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        steps = ", ".join(f"{'–' if a is None else a} ({'–' if b is None else b})"
+                          for a, b in zip(r["steps_to_top1"], r["dense_steps_to_top1"]))
+        times = [_pair_cell(r["top1_time_s"].get(rate), r["top1_speedup"].get(rate)) for rate in rates]
+        lines.append("| " + " | ".join([r["id"], _pm(r["top1_spread"]), _pm(r["top1_diff"], spec="+.2f"), steps]
+                                       + times) + " |")
+    return lines
+
+
+def _pair_cell(t: Optional[float], x: Optional[float]) -> str:
+    return "–" if t is None else f"{t:.0f} ({x:.2f}×)" if x else f"{t:.0f}"
 
 
 def _time_cell(row: dict[str, Any], rate: str) -> str:
-    t, x = row["time_s"].get(rate), row["speedup"].get(rate)
-    return "–" if t is None else f"{t:.0f} ({x:.2f}×)" if x else f"{t:.0f}"
+    return _pair_cell(row["time_s"].get(rate), row["speedup"].get(rate))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

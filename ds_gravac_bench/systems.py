@@ -20,11 +20,29 @@ MIN_NUMEL = 16384
 @dataclass(frozen=True)
 class SystemSpec:
     id: str
-    system: str                    # runner --system: gravac | deepspeed | ddp | ddp_powersgd
+    system: str                    # runner --system: gravac | deepspeed | ddp | ddp_powersgd | ddp_bf16 | ddp_localsgd
     gravac: Optional[dict[str, Any]]
     note: str = ""
     runner_args: tuple[str, ...] = ()   # extra runner options (e.g. the PowerSGD rank)
     zero_stage: int = 0                 # the base config's zero_optimization.stage for this system
+    ds_config: Optional[dict[str, Any]] = None  # top-level DeepSpeed keys set on the base config
+    family: Optional[str] = None        # "baseline" for what users pick instead of compression (report column)
+    params: Optional[dict[str, str]] = None     # @key=value variants of a system without a "gravac" section:
+    #                                              key -> the runner option it sets (ddp_localsgd@period=16)
+
+
+def baseline_systems() -> list[SystemSpec]:
+    """What users turn on instead of a compressor: 16-bit all-reduce in DeepSpeed or DDP, PyTorch's PowerSGD hook
+    and PyTorch's post-local SGD (all PyTorch's or DeepSpeed's own implementations)."""
+    half = [SystemSpec(f"ds_{dt}", "deepspeed", None, f"DeepSpeed, \"communication_data_type\": \"{dt}\"",
+                       ds_config={"communication_data_type": dt}, family="baseline") for dt in ("fp16", "bf16")]
+    return half + [
+        SystemSpec("ddp_bf16", "ddp_bf16", None, "DDP + torch's bf16_compress_hook", family="baseline"),
+        SystemSpec("ddp_localsgd", "ddp_localsgd", None, "torch post-local SGD: post_localSGD_hook + "
+                   "PostLocalSGDOptimizer(PeriodicModelAverager), period 8 from step 0",
+                   ("--localsgd-period", "8"), family="baseline",
+                   params={"period": "--localsgd-period", "start": "--localsgd-start"}),
+    ]
 
 
 # Not a training system: every rank's process alone on its core, no communication (the report's T_compute).
@@ -58,10 +76,10 @@ def system_matrix(steps: int, epsilon: float = 0.7, theta_min: float = 10.0) -> 
         SystemSpec("gv_dense", "gravac", {"mode": "dense"}, "ds_gravac dense: bucketed, overlapped"),
         SystemSpec("gv_default", "gravac", {}, "the product's defaults (\"gravac\": {}), whatever they are"),
         SystemSpec("ddp_dense", "ddp", None, "PyTorch DDP, 25 MB buckets"),
-        SystemSpec("ddp_powersgd", "ddp_powersgd", None, "DDP + powerSGD_hook rank 4 (bucket-serialized)",
-                   ("--powersgd-rank", "4")),
-        SystemSpec("ddp_powersgd_r1", "ddp_powersgd", None, "DDP + powerSGD_hook rank 1 (bucket-serialized)",
-                   ("--powersgd-rank", "1")),
+        *[SystemSpec(f"ddp_powersgd{tag}", "ddp_powersgd", None,
+                     f"DDP + powerSGD_hook rank {rank} (bucket-serialized)", ("--powersgd-rank", str(rank)),
+                     family="baseline", params={"rank": "--powersgd-rank"}) for tag, rank in (("", 4), ("_r1", 1))],
+        *baseline_systems(),
         *[SystemSpec(f"gv_topk_{cf}", "gravac", _static("topk", cf)) for cf in (10, 100, 1000)],
         *[SystemSpec(f"gv_dgc_{cf}", "gravac", _static(dgc, cf, 0)) for cf in (10, 100, 1000)],
         SystemSpec("gv_accordion_topk", "gravac",
@@ -194,6 +212,8 @@ def resolve_system(matrix: dict[str, SystemSpec], sid: str, base: Optional[dict[
         spec = matrix[head]
     if not overrides:
         return spec
+    if spec.gravac is None and spec.params:
+        return _with_runner_params(spec, sid, overrides)
     if spec.gravac is None:
         raise ValueError(f"system '{head}' has no \"gravac\" section to override ('{sid}')")
     from ds_gravac.config import GravacConfig
@@ -214,6 +234,21 @@ def resolve_system(matrix: dict[str, SystemSpec], sid: str, base: Optional[dict[
         _set_path(section, path, value)
     return replace(spec, id=sid if not head.startswith("cfg:") else f"{spec.id}@{'@'.join(overrides)}",
                    gravac=section, note=f"{spec.note} ({', '.join(overrides)})".lstrip())
+
+
+def _with_runner_params(spec: SystemSpec, sid: str, overrides: list[str]) -> SystemSpec:
+    """``ddp_localsgd@period=16``: a parameter of a system without a "gravac" section, passed as its runner
+    option (later options win over the spec's own, as argparse takes the last)."""
+    params = spec.params or {}
+    extra: list[str] = []
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or key not in params or not raw.isdigit():
+            raise ValueError(f"'{sid}': expected @key=<integer> with key one of {', '.join(sorted(params))}, "
+                             f"got '{item}'")
+        extra += [params[key], raw]
+    return replace(spec, id=sid, runner_args=(*spec.runner_args, *extra),
+                   note=f"{spec.note} ({', '.join(overrides)})")
 
 
 def _set_path(section: dict[str, Any], path: list[str], value: Any) -> None:
@@ -238,6 +273,8 @@ def system_config(base: dict[str, Any], spec: SystemSpec) -> dict[str, Any]:
         cfg["zero_optimization"] = {**cfg.get("zero_optimization", {}), "stage": spec.zero_stage}
         cfg["zero_allow_untested_optimizer"] = True
         _drop_constant_torch_scheduler(cfg, spec.id)
+    if spec.ds_config:
+        cfg.update(copy.deepcopy(spec.ds_config))
     if spec.gravac is not None:
         cfg["gravac"] = copy.deepcopy(spec.gravac)
     return cfg

@@ -19,8 +19,9 @@ from typing import Any, Optional
 import torch
 
 from .grad_jitter import MAX_REL as MAX_JITTER
+from .schedule import parse_fractions
 
-SYSTEMS = ("gravac", "deepspeed", "ddp", "ddp_powersgd", "local", "local_engine")
+SYSTEMS = ("gravac", "deepspeed", "ddp", "ddp_powersgd", "ddp_bf16", "ddp_localsgd", "local", "local_engine")
 
 
 class RunnerError(RuntimeError):
@@ -47,15 +48,27 @@ def base_parser(description: str) -> argparse.ArgumentParser:
                    help="set by the deepspeed launcher; torchrun passes LOCAL_RANK in the environment")
     p.add_argument("--system", choices=SYSTEMS, default="gravac",
                    help="gravac: ds_gravac.initialize; deepspeed: deepspeed.initialize on the same config without "
-                        "its 'gravac' section; ddp / ddp_powersgd: torch DDP (gloo, 25 MB buckets), optimizer and "
+                        "its 'gravac' section; ddp / ddp_powersgd / ddp_bf16 / ddp_localsgd: torch DDP (gloo, 25 MB "
+                        "buckets) plain or with torch's PowerSGD, bf16 or post-local SGD scheme, optimizer and "
                         "LR schedule from the config; local: one rank, no communication (compute-only step)")
     p.add_argument("--powersgd-rank", type=int, default=4,
                    help="ddp_powersgd: matrix_approximation_rank of torch's powerSGD_hook (docs/BENCHMARKS.md: 4; also 1)")
+    p.add_argument("--localsgd-period", type=int, default=8,
+                   help="ddp_localsgd: steps between two parameter averages (PeriodicModelAverager's period)")
+    p.add_argument("--localsgd-start", type=int, default=0,
+                   help="ddp_localsgd: gradients are all-reduced for this many steps before local SGD starts")
     p.add_argument("--grad-jitter", type=float, default=0.0, metavar="REL",
                    help="deepspeed / gravac: multiply every averaged gradient by 1 + REL*N(0,1) before the optimizer "
                         "step, the same on every rank (a benchmark control: the noise floor of a per-seed loss gap; "
                         "runners/grad_jitter.py); 0 = off, at most 0.1")
     p.add_argument("--steps", type=int, default=100, help="train until this many optimizer steps (also on resume)")
+    p.add_argument("--lr-warmup", type=int, default=0, metavar="STEPS",
+                   help="linear learning-rate warm-up over this many optimizer steps (runners/schedule.py; replaces "
+                        "the config's 'scheduler' section)")
+    p.add_argument("--lr-decay-at", type=parse_fractions, default=(), metavar="FRACTIONS",
+                   help="multiply the learning rate by --lr-decay-gamma at these fractions of --steps, e.g. "
+                        "0.5,0.75 (replaces the config's 'scheduler' section)")
+    p.add_argument("--lr-decay-gamma", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--micro-batch", type=int, default=None,
                    help="override train_micro_batch_size_per_gpu of the config (train_batch_size is re-derived)")
@@ -93,6 +106,13 @@ def finish_parser(parser: argparse.ArgumentParser, argv: Optional[list[str]] = N
         parser.error(f"--grad-jitter must be in [0, {MAX_JITTER}], got {args.grad_jitter}")
     if args.grad_jitter and args.system not in ("deepspeed", "gravac"):
         parser.error(f"--grad-jitter applies to --system deepspeed or gravac, not {args.system}")
+    if args.lr_warmup < 0:      # a warm-up past --steps is allowed (a shortened run of a long task)
+        parser.error(f"--lr-warmup must be >= 0, got {args.lr_warmup}")
+    if not 0.0 < args.lr_decay_gamma <= 1.0:
+        parser.error(f"--lr-decay-gamma must be in (0, 1], got {args.lr_decay_gamma}")
+    if args.localsgd_period < 1 or args.localsgd_start < 0:
+        parser.error(f"--localsgd-period must be >= 1 and --localsgd-start >= 0, got {args.localsgd_period} and "
+                     f"{args.localsgd_start}")
     if args.powersgd_rank < 1:
         parser.error(f"--powersgd-rank must be >= 1, got {args.powersgd_rank}")
     if args.run_name is None:

@@ -65,6 +65,9 @@ class SyntheticImageDataset(Dataset):
     ) -> None:
         if num_classes < 2 or size < 1 or image_size < 8:
             raise ValueError("SyntheticImageDataset: need num_classes >= 2, size >= 1, image_size >= 8")
+        if not (noise >= 0 and math.isfinite(noise)) or not 0 <= max_shift < image_size:
+            raise ValueError(f"SyntheticImageDataset: need a finite noise >= 0 (got {noise}) and 0 <= max_shift < "
+                             f"image_size {image_size} (got {max_shift})")
         self.num_classes, self.size, self.seed = num_classes, size, seed
         self.image_size, self.channels = image_size, channels
         self.noise, self.max_shift = float(noise), int(max_shift)

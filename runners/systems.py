@@ -9,7 +9,13 @@ which one runs (every system gets the same model init, data order and optimizer)
 * ``local_engine`` – one rank through a DeepSpeed engine with its gradient all-reduce off: the compute-only step
   including the engine's own per-step work, which every DeepSpeed and ds_gravac step also does;
 * ``ddp_powersgd`` – the same plus torch's ``powerSGD_hook`` (rank ``--powersgd-rank``, default 4, start at
-  iteration 10), serialized bucket by bucket so it runs on gloo (:mod:`runners.ddp_hooks`).
+  iteration 10), serialized bucket by bucket so it runs on gloo (:mod:`runners.ddp_hooks`);
+* ``ddp_bf16``     – DDP plus torch's ``bf16_compress_hook``;
+* ``ddp_localsgd`` – torch's post-local SGD: ``post_localSGD_hook`` and ``PostLocalSGDOptimizer`` with a
+  ``PeriodicModelAverager`` (``--localsgd-period``, ``--localsgd-start``; :mod:`runners.ddp_comm`).
+
+DeepSpeed's ``"communication_data_type": "fp16"``/``"bf16"`` needs no system of its own: ``deepspeed`` on a config
+that sets it (its bytes are counted at that width).
 """
 from __future__ import annotations
 
@@ -22,11 +28,11 @@ import torch
 from torch import nn
 
 from .common import DistInfo, RunnerError, without_gravac
+from .ddp_comm import CommScheme, PowerSGD, scheme_for
 from .grad_jitter import jitter_gradients_
+from .schedule import scheduler_factory
 
 DDP_BUCKET_CAP_MB = 25
-POWERSGD = dict(start_powerSGD_iter=10, min_compression_rate=2,
-                use_error_feedback=True, warm_start=True, orthogonalization_epsilon=1e-8, random_seed=0)
 DEEPSPEED_CLIP_DEFAULT = 1.0     # GRADIENT_CLIPPING_DEFAULT in DeepSpeed 0.19.8
 
 
@@ -115,6 +121,8 @@ class EngineSystem(System):
         self.module, self.device = engine.module, engine.device
         self._dense = None if handle is not None else dense_ring_bytes(engine.module, world_size)
         self.grad_jitter, self.seed = grad_jitter, seed
+        # DeepSpeed all-reduces at "communication_data_type" (fp32 unless the config says fp16/bf16)
+        self._wire_fraction = _itemsize(getattr(engine, "communication_data_type", torch.float32)) / 4.0
 
     def forward(self, *inputs: Any) -> Any:
         return self.engine(*inputs)
@@ -148,7 +156,11 @@ class EngineSystem(System):
         return self.handle.pop_events() if self.handle is not None else []
 
     def dense_bytes(self) -> Optional[float]:
-        return self._dense
+        return self._dense if self._wire_fraction == 1.0 else None
+
+    def logical_bytes(self) -> Optional[tuple[float, float]]:
+        """DeepSpeed's own path: the fp32 ring scaled to the width it communicates at (ds_gravac reports its own)."""
+        return None if self._dense is None else (self._dense * self._wire_fraction, self._dense)
 
     def save(self, save_dir: str, tag: str, client_state: dict[str, Any]) -> None:
         # an attached engine's save_checkpoint is the handle's: per-rank residuals and controller state included
@@ -169,10 +181,12 @@ class EngineSystem(System):
 class DDPSystem(System):
     """torch DDP with DeepSpeed's semantics for what the config controls: loss divided by the accumulation
     steps, clipping at ``gradient_clipping`` (default 1.0 as in DeepSpeed), scheduler stepped per optimizer step.
-    ``wrap=False`` (system ``local``) runs the same loop on the bare module: nothing is communicated."""
+    ``scheme`` is torch's communication scheme on top (:mod:`runners.ddp_comm`: PowerSGD, bf16 hook, post-local
+    SGD). ``wrap=False`` (system ``local``) runs the same loop on the bare module: nothing is communicated."""
 
     def __init__(self, name: str, model: nn.Module, cfg: dict[str, Any], dist: DistInfo,
-                 powersgd_rank: Optional[int] = None, wrap: bool = True) -> None:
+                 scheme: Optional[CommScheme] = None, wrap: bool = True,
+                 schedule: Optional[Callable[[Any], Any]] = None) -> None:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         from .common import device
@@ -182,26 +196,19 @@ class DDPSystem(System):
         ids = [self.device.index] if self.device.type == "cuda" else None
         self.ddp = DDP(self.module, device_ids=ids, bucket_cap_mb=DDP_BUCKET_CAP_MB) if wrap else None
         self.net: nn.Module = self.ddp if self.ddp is not None else self.module     # what forward runs
-        self.optimizer = build_optimizer(cfg, self.module.parameters())
-        self.scheduler = build_scheduler(cfg, self.optimizer)
+        self.scheme = scheme or CommScheme()
+        if self.ddp is not None:
+            self.scheme.register(self.ddp)
+        inner = build_optimizer(cfg, self.module.parameters())
+        self.optimizer = self.scheme.wrap_optimizer(inner)
+        # the schedule drives the inner optimizer's param groups, which a wrapping optimizer shares
+        self.scheduler = schedule(inner) if schedule is not None else build_scheduler(cfg, inner)
         self.gas = int(cfg.get("gradient_accumulation_steps", 1))
         self.clip = float(cfg.get("gradient_clipping", DEEPSPEED_CLIP_DEFAULT))
         self._global_steps, self.micro_steps = 0, 0
-        powersgd = powersgd_rank is not None
         self._ring = dense_ring_bytes(self.module, dist.world_size)
-        self._dense = 0.0 if not wrap else None if powersgd else self._ring     # local: nothing is sent
         self._ring_per_value = 2.0 * (dist.world_size - 1) / dist.world_size * 4   # fp32 ring all-reduce
-        self._numel_after = 0      # PowerSGD's running count of values it all-reduced (factors + uncompressed)
-        self.hook_state = self._register_powersgd(powersgd_rank) if powersgd else None
-
-    def _register_powersgd(self, rank: int) -> Any:
-        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ps
-
-        from .ddp_hooks import serialized
-
-        state = ps.PowerSGDState(process_group=None, matrix_approximation_rank=rank, **POWERSGD)
-        self.ddp.register_comm_hook(state, serialized(ps.powerSGD_hook))
-        return state
+        self._wrap = wrap
 
     def _boundary(self) -> bool:
         return (self.micro_steps + 1) % self.gas == 0
@@ -237,17 +244,17 @@ class DDPSystem(System):
         return self.clip
 
     def dense_bytes(self) -> Optional[float]:
-        return self._dense
+        """The fp32 ring of every gradient when each step sends it all (plain DDP); 0 for ``local``."""
+        if not self._wrap:
+            return 0.0
+        return self._ring if type(self.scheme) is CommScheme else None
 
     def logical_bytes(self) -> Optional[tuple[float, float]]:
-        """PowerSGD: the ring formula applied to the values its all-reduces carried this step (P and Q factors
-        plus the uncompressed tensors, from the hook's own counters); dense before
-        ``start_powerSGD_iter``, when the hook runs a vanilla all-reduce and counts nothing."""
-        if self.hook_state is None:
-            return super().logical_bytes()
-        total = int(self.hook_state.total_numel_after_compression)
-        sent, self._numel_after = total - self._numel_after, total
-        return (sent * self._ring_per_value if sent > 0 else self._ring, self._ring)
+        """What the scheme sent in the last step (:meth:`runners.ddp_comm.CommScheme.sent_bytes`) against the fp32
+        ring; ``local`` sends nothing."""
+        if not self._wrap:
+            return (0.0, 0.0)
+        return (self.scheme.sent_bytes(self._ring, self._ring_per_value), self._ring)
 
     def save(self, save_dir: str, tag: str, client_state: dict[str, Any]) -> None:
         """Replicated state only (rank 0 writes, as DeepSpeed does with ZeRO-0); per-rank state goes through
@@ -281,22 +288,23 @@ class DDPSystem(System):
         return path, dict(state.get("client_state") or {})
 
     def local_state(self) -> dict[str, Any]:
-        return {"powersgd": self.hook_state.__getstate__()} if self.hook_state is not None else {}
+        return self.scheme.local_state()
 
     def before_resume(self, dry_run: Callable[[], None]) -> None:
         """PowerSGD's error and P/Q memories are laid out like DDP's buckets, which DDP rebuilds in gradient-ready
         order after its first backward. A fresh DDP still has the initial layout, so the saved memories would
         land on the wrong tensors; one throw-away backward (fresh hook state, plain all-reduce; everything it
         touches is restored afterwards) makes the next forward rebuild the buckets exactly as in the saved run."""
-        if self.hook_state is not None:
+        if isinstance(self.scheme, PowerSGD):
             dry_run()
             self.optimizer.zero_grad(set_to_none=True)
 
     def load_local_state(self, state: dict[str, Any]) -> None:
-        if self.hook_state is not None and "powersgd" in state:
-            for key, value in state["powersgd"].items():
-                setattr(self.hook_state, key, value)
-            self._numel_after = int(self.hook_state.total_numel_after_compression)
+        self.scheme.load_local_state(state)
+
+
+def _itemsize(dtype: Any) -> int:
+    return torch.empty((), dtype=dtype).element_size() if isinstance(dtype, torch.dtype) else 4
 
 
 def read_latest_tag(save_dir: str) -> str:
@@ -359,24 +367,32 @@ def _plain_engine(args: argparse.Namespace, cfg: dict[str, Any], model: nn.Modul
     import deepspeed
 
     engine, *_ = deepspeed.initialize(args=_engine_args(args), model=model, model_parameters=model.parameters(),
-                                      config=without_gravac(cfg))
+                                      config=without_gravac(cfg), lr_scheduler=scheduler_factory(args))
     return engine
+
+
+def _with_schedule(args: argparse.Namespace, cfg: dict[str, Any]) -> dict[str, Any]:
+    """The runner's ``--lr-warmup``/``--lr-decay-at`` schedule replaces the config's ``scheduler`` section (one
+    schedule per run, the same for every system)."""
+    if scheduler_factory(args) is None:
+        return cfg
+    return {k: v for k, v in cfg.items() if k != "scheduler"}
 
 
 def build_system(args: argparse.Namespace, cfg: dict[str, Any], model: nn.Module, dist: DistInfo) -> System:
     """One of the four systems around ``model`` (already initialised identically on every rank)."""
+    cfg = _with_schedule(args, cfg)
     if args.system in ("local", "local_engine"):
         if dist.world_size != 1:
             raise RunnerError(f"--system {args.system} measures the compute-only step on one rank; this launch has "
                               f"{dist.world_size} ranks (start it without a launcher or with --nproc_per_node 1)")
         if args.system == "local":
-            return DDPSystem("local", model, cfg, dist, wrap=False)
+            return DDPSystem("local", model, cfg, dist, wrap=False, schedule=scheduler_factory(args))
         engine = _plain_engine(args, cfg, model)
         engine.enable_backward_allreduce = False       # nothing crosses the wire, not even a 1-rank all-reduce
         return EngineSystem("local_engine", engine, None, 1)
-    if args.system in ("ddp", "ddp_powersgd"):
-        rank = getattr(args, "powersgd_rank", 4) if args.system == "ddp_powersgd" else None
-        return DDPSystem(args.system, model, cfg, dist, powersgd_rank=rank)
+    if args.system.startswith("ddp"):
+        return DDPSystem(args.system, model, cfg, dist, scheme_for(args.system, args), schedule=scheduler_factory(args))
     stage = int((cfg.get("zero_optimization") or {}).get("stage", 0))
     if getattr(args, "grad_jitter", 0.0) and stage > 0:         # ZeRO keeps its gradients out of p.grad
         raise RunnerError(f"--grad-jitter needs ZeRO stage 0; this config has stage {stage}")
@@ -386,5 +402,5 @@ def build_system(args: argparse.Namespace, cfg: dict[str, Any], model: nn.Module
     import ds_gravac
 
     engine, *_ = ds_gravac.initialize(args=_engine_args(args), model=model, model_parameters=model.parameters(),
-                                      config=cfg)
+                                      config=cfg, lr_scheduler=scheduler_factory(args))
     return EngineSystem("gravac", engine, ds_gravac.get_handle(engine), dist.world_size, args.grad_jitter, args.seed)

@@ -34,6 +34,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--num-classes", type=int, default=10, help="classes of the synthetic dataset")
     p.add_argument("--image-size", type=int, default=32, help="side of synthetic images (CIFAR is 32)")
     p.add_argument("--synthetic-size", type=int, default=50000, help="synthetic training images (10000 held out)")
+    p.add_argument("--synthetic-noise", type=float, default=4.0,
+                   help="std of the Gaussian noise added to each unit-variance class template (the difficulty)")
+    p.add_argument("--synthetic-shift", type=int, default=4, help="largest random shift of a template, in pixels")
     return finish_parser(p, argv)
 
 
@@ -62,7 +65,8 @@ class CifarTask(Task):
         if args.dataset == "synthetic":
             self.num_classes = args.num_classes
             full = D.SyntheticImageDataset(args.num_classes, args.synthetic_size + 10000, seed=args.seed,
-                                           image_size=args.image_size)
+                                           image_size=args.image_size, noise=args.synthetic_noise,
+                                           max_shift=args.synthetic_shift)
             self.train_set = Subset(full, range(args.synthetic_size))
             self.test_set = Subset(full, range(args.synthetic_size, args.synthetic_size + 10000))
         else:

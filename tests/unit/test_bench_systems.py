@@ -165,3 +165,40 @@ def test_dotted_variant_reaches_inside_the_compressor_object() -> None:
     named = resolve_system(matrix, "gv_gravac_powersgd@compressor.params.rank=8")   # compressor given by name
     assert named.gravac["compressor"] == {"type": "powersgd", "params": {"rank": 8}}
     assert parse_config(named.gravac).compressor.type == "powersgd"
+
+
+def test_baselines_set_their_runner_system_or_deepspeed_key() -> None:
+    """What users pick instead of compression: DeepSpeed's 16-bit all-reduce is a config key on DeepSpeed's own
+    path, DDP's bf16 hook and post-local SGD are runner systems; all of them are reported as baselines."""
+    from ds_gravac_bench.systems import system_config
+
+    matrix = system_matrix(30)
+    base = {"optimizer": {"type": "SGD", "params": {"lr": 0.1}}, "gravac": {"mode": "dense"}}
+    for dt in ("fp16", "bf16"):
+        spec = matrix[f"ds_{dt}"]
+        assert spec.system == "deepspeed" and spec.family == "baseline"
+        assert system_config(base, spec) == {"optimizer": base["optimizer"], "communication_data_type": dt}
+    assert base["gravac"] == {"mode": "dense"}                       # the base config is left untouched
+    assert matrix["ddp_bf16"].system == "ddp_bf16" and matrix["ddp_localsgd"].system == "ddp_localsgd"
+    assert {matrix[s].family for s in ("ddp_bf16", "ddp_localsgd", "ddp_powersgd")} == {"baseline"}
+    assert matrix["ds_dense"].family is None and matrix["ddp_dense"].family is None    # dense: the reference
+
+
+def test_a_runner_parameter_variant_reaches_the_runner_last() -> None:
+    from pathlib import Path
+
+    from ds_gravac_bench.e2e import runner_args
+    from ds_gravac_bench.systems import resolve_system
+
+    matrix = system_matrix(30)
+    spec = resolve_system(matrix, "ddp_localsgd@period=16@start=100")
+    assert spec.id == "ddp_localsgd@period=16@start=100"
+    args = runner_args(spec, "resnet18", 30, Path("c.json"), Path("log"), None)
+    assert args[-4:] == ["--localsgd-period", "16", "--localsgd-start", "100"]
+    assert args.index("--localsgd-period") < len(args) - 4          # the default 8 comes first: argparse keeps the last
+    assert resolve_system(matrix, "ddp_powersgd@rank=2").runner_args[-2:] == ("--powersgd-rank", "2")
+    for bad in ("ddp_localsgd@period=x", "ddp_localsgd@every=2", "ddp_localsgd@period"):
+        with pytest.raises(ValueError, match="expected @key=<integer> with key one of period, start"):
+            resolve_system(matrix, bad)
+    with pytest.raises(ValueError, match="has no \"gravac\" section"):
+        resolve_system(matrix, "ddp_bf16@period=2")

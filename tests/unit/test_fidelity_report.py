@@ -13,12 +13,14 @@ from ds_gravac_bench.report import smooth
 from ds_gravac_bench.systems import config_system, resolve_system, system_matrix
 
 
-def _write_run(root: Path, model: str, systems: dict[str, dict]) -> Path:
-    """A bench_e2e-shaped directory: meta.json, configs/<id>.json, systems/<id>/steps.jsonl."""
+def _write_run(root: Path, model: str, systems: dict[str, dict], **meta_extra: object) -> Path:
+    """A bench_e2e-shaped directory: meta.json, configs/<id>.json, systems/<id>/steps.jsonl. A system may give
+    ``evals`` (step → eval metrics), a declared ``family`` and a ``returncode`` (then ``log`` is its log.txt)."""
     (root / "configs").mkdir(parents=True)
-    meta = {"model": model, "steps": max(len(s["loss"]) for s in systems.values()), "env": {}, "systems": {}}
+    meta = {"model": model, "steps": max(len(s["loss"]) for s in systems.values()), "env": {}, "systems": {},
+            **meta_extra}
     for sid, s in systems.items():
-        meta["systems"][sid] = {"returncode": 0}
+        meta["systems"][sid] = {"returncode": s.get("returncode", 0), "family": s.get("family")}
         if s.get("gravac") is not None:
             (root / "configs" / f"{sid}.json").write_text(json.dumps({"gravac": s["gravac"]}))
         d = root / "systems" / sid
@@ -27,7 +29,11 @@ def _write_run(root: Path, model: str, systems: dict[str, dict]) -> Path:
                  "bytes_sent": s["bytes"]} for i, loss in enumerate(s["loss"])]
         if s.get("eval"):
             recs[-1].update(s["eval"])
+        for step, metrics in s.get("evals", {}).items():
+            recs[step - 1].update(metrics)
         d.joinpath("steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+        if "log" in s:
+            d.joinpath("log.txt").write_text(s["log"])
     (root / "meta.json").write_text(json.dumps(meta))
     return root
 
@@ -234,6 +240,70 @@ def test_a_second_dense_row_is_a_control_judged_on_accuracy_only(tmp_path: Path)
     assert rows["twin"]["verdict"] == "control: ok"
 
 
+def _top1_curve(steps_to: dict[int, float]) -> dict[int, dict[str, float]]:
+    return {step: {"eval/top1": top1} for step, top1 in steps_to.items()}
+
+
+def test_the_task_sets_the_target_fraction_and_the_held_out_target(tmp_path: Path) -> None:
+    """The long tasks judge on dense's smoothed loss at 90% of the budget and on dense's final held-out top-1 minus
+    0.5 point, read on the evaluations every few steps; the jitter control's figures are the noise floor."""
+    dense_top1 = {20: 0.30, 40: 0.50, 60: 0.70, 80: 0.75, 100: 0.80}
+    loop = _write_run(tmp_path / "loop", "resnet18", {
+        "ds_dense": {"loss": DENSE, "time": 0.1, "bytes": 1000.0, "evals": _top1_curve(dense_top1)},
+        "ds_dense_jitter": {"loss": DENSE, "time": 0.1, "bytes": 1000.0,
+                            "evals": _top1_curve({20: 0.3, 40: 0.5, 60: 0.7, 80: 0.796, 100: 0.797})},
+        "late": {"loss": SLOW, "time": 0.1, "bytes": 10.0, "gravac": STATIC,
+                 "evals": _top1_curve({20: 0.2, 40: 0.4, 60: 0.6, 80: 0.7, 100: 0.7955})},
+        "ddp_bf16": {"loss": DENSE, "time": 0.1, "bytes": 500.0, "family": "baseline",
+                     "evals": _top1_curve({20: 0.3, 40: 0.5, 60: 0.7, 80: 0.8, 100: 0.8})}},
+        fidelity={"task": "x", "target_fraction": 0.9, "top1_margin": 0.005})
+    cluster = _write_run(tmp_path / "c", "resnet18", {
+        "ds_dense": {"loss": DENSE[:10], "time": 2.0, "bytes": 1000.0},
+        "late": {"loss": DENSE[:10], "time": 0.5, "bytes": 10.0, "gravac": STATIC},
+        "ddp_bf16": {"loss": DENSE[:10], "time": 1.0, "bytes": 500.0, "family": "baseline"}})
+    res = build(loop, {"1gbit": cluster})
+    assert res["target_fraction"] == 0.9 and res["target_loss"] == pytest.approx(smooth(DENSE)[89])
+    assert res["top1_target"] == pytest.approx(0.795)
+    rows = {r["id"]: r for r in res["systems"]}
+    assert rows["ds_dense"]["steps_to_top1"] == 100 and rows["late"]["steps_to_top1"] == 100
+    assert rows["ddp_bf16"]["steps_to_top1"] == 80 and rows["ds_dense_jitter"]["steps_to_top1"] == 80
+    t = rows["ddp_bf16"]["rates"]["1gbit"]
+    assert t["top1_time_s"] == pytest.approx(80 * 1.0) and t["top1_speedup"] == pytest.approx(200 / 80)
+    assert rows["late"]["rates"]["1gbit"]["top1_speedup"] == pytest.approx(200 / 50)
+    assert rows["ddp_bf16"]["family"] == "baseline" and rows["ddp_bf16"]["verdict"] == "baseline: ok"
+    assert res["noise_floor"]["top1_diff"] == pytest.approx(-0.003) and res["noise_floor"]["gap"] == 0.0
+    md = markdown(res)
+    assert "held-out top-1 79.50%" in md and "Noise floor (ds_dense_jitter" in md and "top-1 -0.30 points" in md
+    assert "| ddp_bf16 | baseline |" in md and "| 80 (2.50) |" in md
+
+
+def test_a_failed_system_is_listed_with_its_error(tmp_path: Path) -> None:
+    loop = _write_run(tmp_path / "loop", "resnet18", {
+        "ds_dense": {"loss": DENSE, "time": 0.1, "bytes": 1000.0},
+        "ds_bf16": {"loss": DENSE[:3], "time": 0.1, "bytes": 500.0, "returncode": 1,
+                    "log": "step 1\nRuntimeError: gloo does not support bfloat16\nexiting\n"}})
+    res = build(loop, {})
+    assert [r["id"] for r in res["systems"]] == ["ds_dense"]
+    assert res["failures"] == [{"id": "ds_bf16", "returncode": 1,
+                                "error": "RuntimeError: gloo does not support bfloat16"}]
+    assert "| ds_bf16 | failed (exit 1): RuntimeError: gloo does not support bfloat16 |" in markdown(res)
+
+
+def test_runs_made_apart_merge_only_with_the_same_settings(tmp_path: Path) -> None:
+    """One long system per invocation: the jitter control's directory has no dense run to compare curves with, so
+    its seed and runner options must match the dense directory's."""
+    extra = ["--num-classes", "100", "--seed", "0"]
+    dense = _write_run(tmp_path / "a", "resnet18", {"ds_dense": {"loss": DENSE, "time": 0.1, "bytes": 1000.0}},
+                       runner_extra=extra, lr=0.05)
+    same = _write_run(tmp_path / "b", "resnet18", {"ds_dense_jitter": {"loss": SLOW, "time": 0.1, "bytes": 1000.0}},
+                      runner_extra=extra, lr=0.05)
+    assert {r["id"] for r in build([dense, same], {})["systems"]} == {"ds_dense", "ds_dense_jitter"}
+    other = _write_run(tmp_path / "c", "resnet18", {"ds_dense_jitter": {"loss": SLOW, "time": 0.1, "bytes": 1000.0}},
+                       runner_extra=extra[:-1] + ["1"], lr=0.05)
+    with pytest.raises(SystemExit, match="ran with other runner_extra than .*--seed', '1'"):
+        build([dense, other], {})
+
+
 def test_reports_name_their_directories_without_absolute_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Reports are kept and shared: a directory given by its absolute path is named relative to the working
     directory when it lies below it, else by its last component — never by the machine's absolute path."""
@@ -251,3 +321,12 @@ def test_reports_name_their_directories_without_absolute_paths(tmp_path: Path, m
     assert "runs/loop" in (work / "out" / "fidelity.json").read_text()
     for name in ("fidelity.json", "fidelity.md"):
         assert str(tmp_path) not in (work / "out" / name).read_text()
+
+
+def test_a_gravac_row_whose_window_is_never_reached_is_labelled_static(dirs: tuple[Path, Path]) -> None:
+    """100 steps never reach the default window's first boundary: the row learns as a static θ_min run and its
+    label says so; rows of other modes keep their id."""
+    loop, _ = dirs
+    labels = {r["id"]: r["label"] for r in build(loop, {})["systems"]}
+    assert labels["gv_gravac"].startswith("gv_gravac (window never reached: static")
+    assert labels["gv_topk_100"] == "gv_topk_100" and labels["ds_dense"] == "ds_dense"

@@ -149,6 +149,61 @@ def test_reports_of_different_dense_runs_are_refused(tmp_path: Path) -> None:
         combine([[a, b]])
 
 
+def test_held_out_top1_is_paired_per_seed_beside_the_noise_floor(tmp_path: Path) -> None:
+    """Three paired seeds: top-1 as mean ± sample sd, its per-seed difference to the same seed's dense run, the
+    steps and mean time to the held-out target, and ds_dense_jitter's figures as the noise floor."""
+    def seed(root: Path, dense_top1: float, mine: float, jitter: float, dense_loss: float, jitter_loss: float) -> Path:
+        root.mkdir()
+        timed = {"rates": {"1gbit": {"step_s": 1.0, "time_s": None, "top1_time_s": 0.0}}}
+        rows = [{**_row("ds_dense", "dense", dense_loss, dense_loss, dense_top1, 200, 1.0), **timed,
+                 "steps_to_top1": 400},
+                {**_row("ds_dense_jitter", "dense", jitter_loss, dense_loss, jitter, 200, 1.0), **timed,
+                 "steps_to_top1": 400},
+                {**_row("mine", "quantization", dense_loss, dense_loss, mine, 210, 0.25), "steps_to_top1": 300,
+                 "rates": {"1gbit": {"step_s": 0.5, "time_s": None, "top1_time_s": 150.0}}}]
+        rows[0]["rates"]["1gbit"]["top1_time_s"] = rows[1]["rates"]["1gbit"]["top1_time_s"] = 400.0
+        (root / "fidelity.json").write_text(json.dumps({"model": "resnet18", "steps": 6000,
+                                                        "reference": "ds_dense", "systems": rows}))
+        return root
+
+    res = combine([[seed(tmp_path / "a", 0.80, 0.79, 0.81, 1.0, 1.02)],
+                   [seed(tmp_path / "b", 0.82, 0.80, 0.82, 1.0, 0.98)],
+                   [seed(tmp_path / "c", 0.84, 0.84, 0.83, 1.0, 1.0)]])
+    rows = {r["id"]: r for r in res["systems"]}
+    mine = rows["mine"]
+    assert mine["top1_spread"]["mean"] == pytest.approx(0.81) and mine["top1_spread"]["n"] == 3
+    assert mine["top1_spread"]["sd"] == pytest.approx(((0.02 ** 2 + 0.01 ** 2 + 0.03 ** 2) / 2) ** 0.5)
+    assert mine["top1_diff"]["mean"] == pytest.approx(-0.01)          # -0.01, -0.02, 0.00
+    assert mine["top1_diff"]["sd"] == pytest.approx(0.01)
+    assert mine["steps_to_top1"] == [300, 300, 300] and mine["dense_steps_to_top1"] == [400, 400, 400]
+    assert mine["top1_time_s"] == {"1gbit": 150.0} and mine["top1_speedup"] == {"1gbit": pytest.approx(400 / 150)}
+    floor = res["noise_floor"]
+    assert floor["gaps"] == pytest.approx([0.02, -0.02, 0.0]) and floor["top1_diff"]["mean"] == pytest.approx(0.0)
+    md = markdown(res)
+    assert "+0.0% (noise floor 1.3%)" in md                           # mean |gap| of the jitter: 4% / 3
+    assert "| mine | 81.0 ± 2.6 | -1.00 ± 1.00 | 300 (400), 300 (400), 300 (400) | 150 (2.67×) |" in md
+    assert "top-1 − dense, points (noise floor +0.00 ± 1.00)" in md
+
+
+def test_the_sweep_picks_per_family_the_soonest_level_within_the_bounds(tmp_path: Path) -> None:
+    """Tuning seeds: Top-k 100× reaches the target sooner than 10× but misses top-1 on the means, so 10× is the
+    sparsifier pick; PowerSGD rank 4 beats rank 1 on steps; no quantizer passes; GraVAC is never a static pick."""
+    from ds_gravac_bench.fidelity_sweep import pick
+
+    def seed(root: Path, shift: int) -> Path:
+        return _seed(root, 0.5, 0.8, [_row("gv_topk_10", "sparsification", 0.5, 0.5, 0.8, 220 + shift, 0.1),
+                                      _row("gv_topk_100", "sparsification", 0.5, 0.5, 0.7, 200 + shift, 0.01),
+                                      _row("gv_powersgd_r1", "low-rank", 0.5, 0.5, 0.8, 260 + shift, 0.01),
+                                      _row("gv_powersgd_r4", "low-rank", 0.5, 0.5, 0.8, 230 + shift, 0.04),
+                                      _row("gv_gravac", "sparsification", 0.5, 0.5, 0.8, 100, 0.01),
+                                      _row("gv_onebit", "quantization", 0.9, 0.5, 0.8, None, 0.03)])
+
+    res = combine([[seed(tmp_path / "a", 0)], [seed(tmp_path / "b", 10)]])
+    picks = pick(res)
+    assert picks["sparsification"] == {"id": "gv_topk_10", "sort_key": [225.0, 0.1]}
+    assert picks["low-rank"]["id"] == "gv_powersgd_r4" and picks["quantization"] is None
+
+
 def test_kept_reports_get_their_time_to_target_from_the_cluster_runs(tmp_path: Path) -> None:
     """A seed given as a kept report (no loss curves) is timed as its runs would be: a static row's steps to target
     × its cluster step (a dense start at the cluster's dense step), a GraVAC row from its own cluster run."""

@@ -374,3 +374,21 @@ def test_small_models_forward_and_unknown_name() -> None:
         build_model("alexnet")
     with pytest.raises(ValueError):
         build_model("lstm", size="huge")
+
+
+def test_synthetic_noise_and_shift_are_the_difficulty_and_are_checked() -> None:
+    """The long benchmark's images: same labels and templates at any noise; more noise moves a sample further from
+    its template; a negative noise or a shift as wide as the image is refused."""
+    quiet, loud = SyntheticImageDataset(100, 64, seed=1, noise=4.0), SyntheticImageDataset(100, 64, seed=1, noise=12.0)
+    assert torch.equal(quiet.templates, loud.templates) and quiet.label(5) == loud.label(5)
+
+    def template_share(d: SyntheticImageDataset) -> float:
+        x = torch.stack([d[i][0] for i in range(64)]).flatten(1)
+        t = torch.stack([torch.roll(d.templates[d._draw(i)[0]], shifts=(d._draw(i)[2], d._draw(i)[1]), dims=(1, 2))
+                         for i in range(64)]).flatten(1)
+        return float(F.cosine_similarity(x, t).mean())
+
+    assert template_share(loud) < template_share(quiet) / 2      # 1/sqrt(1 + 144) against 1/sqrt(1 + 16)
+    for kwargs in ({"noise": -1.0}, {"noise": float("nan")}, {"max_shift": 32}, {"max_shift": -1}):
+        with pytest.raises(ValueError, match="noise >= 0"):
+            SyntheticImageDataset(10, 8, seed=0, **kwargs)

@@ -1,0 +1,66 @@
+"""Steps and time to target for the fidelity benchmark: where a curve first reaches dense's target, and what that
+costs in wall time at a link rate (steps to target on loopback × the system's median step on the emulated cluster).
+
+Two targets: dense's smoothed training loss at a fraction of the budget, and (when the task sets a margin) dense's
+final held-out top-1 minus that margin, read on the evaluations made every ``--eval-every`` steps.
+"""
+from __future__ import annotations
+
+import statistics
+from typing import Any, Optional
+
+from ds_gravac_bench.report import SKIP_STEPS
+
+
+def first_reach(smoothed: list[float], target: float) -> Optional[int]:
+    """1-based step at which the smoothed loss first reaches the target."""
+    return next((i + 1 for i, s in enumerate(smoothed) if s <= target), None)
+
+
+def first_eval_reach(evals: list[tuple[int, float]], target: float) -> Optional[int]:
+    """The step of the first evaluation whose held-out top-1 reaches the target (evaluations come every
+    ``--eval-every`` steps, so this is a multiple of it or the last step)."""
+    return next((step for step, top1 in evals if top1 >= target), None)
+
+
+def adaptive(section: Optional[dict[str, Any]]) -> bool:
+    return bool(section) and section.get("mode") == "gravac"
+
+
+def time_at_rate(run: Optional[dict[str, Any]], steps_to_target: Optional[int], section: Optional[dict[str, Any]],
+                 target: float, steps_to_top1: Optional[int] = None,
+                 top1_target: Optional[float] = None) -> dict[str, Any]:
+    """Step time and time to each target of one system at one rate (see ds_gravac_bench.fidelity's docstring). A
+    GraVAC system decides from measured step times, so its times come from its own cluster run."""
+    if run is None or run["median_step"] is None:
+        return {"step_s": None, "time_s": None, "top1_time_s": None, "source": "no cluster run"}
+    if adaptive(section):
+        reach = first_reach(run["smoothed"], target)
+        top1_reach = first_eval_reach(run["evals"], top1_target) if top1_target is not None else None
+        return {"step_s": run["median_step"], "time_s": sum(run["times"][:reach]) if reach else None,
+                "top1_time_s": sum(run["times"][:top1_reach]) if top1_reach else None, "source": "cluster run"}
+    warmup = int((section or {}).get("warmup_steps", 0))
+    if warmup:
+        out = time_with_dense_start(run, steps_to_target, warmup)
+        out["top1_time_s"] = time_with_dense_start(run, steps_to_top1, warmup)["time_s"]
+        return out
+    step_s = run["median_step"]
+    return {"step_s": step_s, "time_s": steps_to_target * step_s if steps_to_target else None,
+            "top1_time_s": steps_to_top1 * step_s if steps_to_top1 else None,
+            "source": "loopback steps × cluster step"}
+
+
+def time_with_dense_start(run: dict[str, Any], steps_to_target: Optional[int], warmup: int) -> dict[str, Any]:
+    """A static system that starts with ``warmup`` dense steps: those at its cluster run's dense step, the rest at
+    its compressed step (both medians past the first ``SKIP_STEPS``). Its cluster run must outlast the warm-up by at
+    least ``SKIP_STEPS`` compressed steps, or there is no compressed step to take."""
+    times = run["times"]
+    dense_part, compressed_part = times[SKIP_STEPS:warmup], times[warmup + SKIP_STEPS:]
+    if not dense_part or not compressed_part:
+        return {"step_s": None, "time_s": None,
+                "source": f"cluster run of {len(times)} steps too short for {warmup} dense steps"}
+    dense_s, step_s = statistics.median(dense_part), statistics.median(compressed_part)
+    time_s = (min(steps_to_target, warmup) * dense_s + max(0, steps_to_target - warmup) * step_s
+              if steps_to_target else None)
+    return {"step_s": step_s, "dense_start_step_s": dense_s, "time_s": time_s,
+            "source": f"{warmup} dense steps × cluster dense step + the rest × cluster step"}
