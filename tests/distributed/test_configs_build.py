@@ -80,7 +80,9 @@ def test_config_trains_on_two_ranks(built: list, name: str) -> None:
     assert len(r0["records"]) == STEPS, "one ds_gravac record per optimizer step"
     assert all(torch.isfinite(torch.tensor(r["losses"])).all() for r in (r0, r1))
     assert torch.equal(r0["params"], r1["params"]), "replicas must stay identical"
-    assert r0["records"] == r1["records"], "all ranks take the same branches"
+    # compared as JSON text: a gain not measured yet is NaN in the records (the aggregate gain's first, dense step),
+    # and NaN != NaN would fail two identical records
+    assert json.dumps(r0["records"]) == json.dumps(r1["records"]), "all ranks take the same branches"
     assert r0["records"][0]["branch"] == "dense"
     # the run clips as the config says (0 for the CNNs, 0.25 for the LSTM): in the engine, or, under DGC, in DGC
     dgc = r0["owns_optimizer"]                      # DGC (any file that selects it, e.g. lstm_recommended.json)
