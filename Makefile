@@ -17,6 +17,9 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 MODEL ?= resnet101
 CONFIG ?= ds_configs/resnet101_recommended.json
+# Two pytest workers (pytest-xdist), whole files to one worker (module fixtures shared): a launch spends seconds
+# on one core importing torch and DeepSpeed, time the other worker's tests use. PYTEST_WORKERS=0 runs serially.
+PYTEST_WORKERS ?= 2
 PYTEST_ARGS ?=
 
 .PHONY: setup test train bench clean
@@ -31,7 +34,7 @@ $(STAMP): setup.py constraints.txt
 setup: $(STAMP)
 
 test: setup
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 train: setup
 	bash runners/make_train.sh "$(MODEL)" "$(CONFIG)"

@@ -21,7 +21,7 @@ setup(
         "hf": ["transformers>=5", "accelerate>=1.1"],
         "wandb": ["wandb>=0.31"],
         "bench": ["matplotlib", "torchvision"],
-        "test": ["pytest", "hypothesis"],
+        "test": ["pytest", "pytest-xdist", "hypothesis"],
     },
     entry_points={"ds_gravac.compressors": []},
     classifiers=["Programming Language :: Python :: 3.11", "Topic :: Scientific/Engineering :: Artificial Intelligence"],

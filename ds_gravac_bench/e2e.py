@@ -24,6 +24,7 @@ from typing import Any, Optional, Sequence
 
 from ds_gravac.integration.shm_buffer import buffer_path
 from ds_gravac_bench.report import report
+from ds_gravac_bench.resume import checkpoint_args, last_logged_step, plan_system, prune
 from ds_gravac_bench.systems import (QUICK_SYSTEMS, SMOKE_SYSTEMS, SystemSpec, ablation_ladder, resolve_system,
                                      system_config, system_matrix)
 
@@ -109,15 +110,15 @@ def ablation_matrix(value: str) -> dict[str, SystemSpec]:
     return ablation_ladder(name, factor)
 
 
-def run_compute_only(script: str, args: list[str], ranks: int, port: int, timeout: float, log_dir: Path) -> int:
-    """``ranks`` single-rank processes at the same time, each pinned to its own core as in the cluster, nothing
+def run_compute_only(script: str, args: list[str], ports: list[int], timeout: float, log_dir: Path) -> int:
+    """One single-rank process per port at the same time, each pinned to its own core as in the cluster, nothing
     communicated: the median step of process 0 is T_compute (same model, batch and per-core memory contention
     as the distributed runs). Processes other than 0 log under ``log_dir/rank<i>`` without wandb."""
     cores = sorted(os.sched_getaffinity(0))
     procs = []
-    for r in range(ranks):
+    for r, port in enumerate(ports):
         env = _runner_env(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_SIZE="1", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=str(port + r))
+                          MASTER_PORT=str(port))
         extra = [] if r == 0 else ["--log-dir", str(log_dir / f"rank{r}"), "--no-wandb"]
         cmd = ["taskset", "-c", str(cores[r % len(cores)]), sys.executable, script, *args, *extra]
         fh = open(log_dir / f"log{'' if r == 0 else r}.txt", "w")
@@ -130,7 +131,7 @@ def run_compute_only(script: str, args: list[str], ranks: int, port: int, timeou
             proc.kill()
             codes.append(-1)
         fh.close()
-    remove_shm_buffers([(port + r, 0) for r in range(ranks)])     # each process is rank 0 of its own port
+    remove_shm_buffers([(port, 0) for port in ports])     # each process is rank 0 of its own port
     return max(codes)
 
 
@@ -173,6 +174,10 @@ def run_matrix(opts: argparse.Namespace) -> Path:
                             "lr": base["optimizer"]["params"]["lr"], "micro_batch": opts.micro_batch,
                             "fidelity": getattr(opts, "fidelity", None),
                             "network": {"rate": net, "delay": "0"}, "systems": {}}
+    every = int(getattr(opts, "checkpoint_every", 0) or 0)
+    if every and not loopback:
+        raise SystemExit("bench_e2e: --checkpoint-every continues loopback runs only (cluster runs are short)")
+    earlier = _earlier_systems(out) if every else {}
     cluster = None
     if not loopback:
         from ds_gravac_bench.cluster import EmulatedCluster
@@ -192,15 +197,29 @@ def run_matrix(opts: argparse.Namespace) -> Path:
             args = runner_args(spec, opts.model, opts.steps, cfg_path, log_dir, opts.micro_batch) \
                 + list(opts.runner_extra)
             ddp = spec.system.startswith("ddp")
+            if every:
+                action, extra = plan_system(log_dir, opts.steps, opts.ranks, earlier.get(sid))
+                if action == "done":
+                    meta["systems"][sid] = earlier[sid]
+                    print(f"[bench_e2e] {n + 1}/{len(ids)} {sid}: finished by an earlier invocation", flush=True)
+                    continue
+                args += checkpoint_args(log_dir, every) + extra
+                if extra:
+                    print(f"[bench_e2e] {sid}: resuming after step {last_logged_step(log_dir)}", flush=True)
             print(f"[bench_e2e] {n + 1}/{len(ids)} {sid} ...", flush=True)
             if spec.system in ("local", "local_engine"):
-                rc, veth = run_compute_only(script, args, opts.ranks, 29700 + 10 * n, opts.timeout, log_dir), 0
+                ports = [free_port() for _ in range(opts.ranks)]    # each process is rank 0 of its own port
+                rc, veth = run_compute_only(script, args, ports, opts.timeout, log_dir), 0
             else:
-                rc, veth = _run_one(cluster, script, args, ddp, 29500 + n, opts.timeout, log_dir)
+                ports = [29500 + n] if cluster is not None else [free_port()]
+                rc, veth = _run_one(cluster, script, args, ddp, ports[0], opts.timeout, log_dir)
             import hashlib
             meta["systems"][sid] = {"returncode": rc, "veth_bytes": veth, "note": spec.note, "family": spec.family,
-                                    "config_hash": hashlib.sha1(cfg_path.read_bytes()).hexdigest()[:12]}
+                                    "config_hash": hashlib.sha1(cfg_path.read_bytes()).hexdigest()[:12],
+                                    "ports": ports}
             (out / "meta.json").write_text(json.dumps(meta, indent=1))
+            if every and rc == 0:
+                prune(log_dir, opts.ranks)
             print(f"[bench_e2e] {sid}: exit {rc}", flush=True)
     finally:
         if cluster is not None:
@@ -209,10 +228,16 @@ def run_matrix(opts: argparse.Namespace) -> Path:
     return out
 
 
+def _earlier_systems(out: Path) -> dict[str, Any]:
+    """Systems an earlier invocation into the same directory recorded (a continued long run keeps them)."""
+    path = out / "meta.json"
+    return json.loads(path.read_text()).get("systems", {}) if path.is_file() else {}
+
+
 def _run_one(cluster: Any, script: str, args: list[str], ddp: bool, port: int, timeout: float,
              log_dir: Path) -> tuple[Optional[int], Optional[int]]:
     if cluster is None:
-        return run_local(script, args, ddp, free_port(), timeout, log_dir / "log.txt"), None
+        return run_local(script, args, ddp, port, timeout, log_dir / "log.txt"), None
     before = cluster.tx_bytes(0)
     launch = cluster.launch_torchrun if ddp else cluster.launch_deepspeed
     results = launch(script, args, port=port, timeout=timeout)
@@ -252,6 +277,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     run.add_argument("--tag", type=int, default=3)
     run.add_argument("--timeout", type=float, default=3600.0, help="seconds per system")
     run.add_argument("--out", default=None, help="default: runs/e2e-<date>-<model>-<rate> (git-ignored)")
+    run.add_argument("--checkpoint-every", type=int, default=0, metavar="K",
+                     help="loopback: checkpoint every K steps; the same command again skips finished systems and "
+                          "resumes the others from their newest checkpoint (ds_gravac_bench/resume.py)")
     run.add_argument("--smoke", action="store_true", help="127.0.0.1, tiny model, 3 steps, 2 systems")
     rep = sub.add_parser("report", help="rebuild results.md and plots from a results directory")
     rep.add_argument("dir")

@@ -91,7 +91,7 @@ def run(opts: argparse.Namespace) -> Path:
     e2e = argparse.Namespace(model=task.model, rate="loopback", ranks=2, steps=opts.steps or task.steps,
                              systems=opts.systems or ",".join(task.systems), micro_batch=opts.micro_batch
                              or task.micro_batch, lr=task.lr, epsilon=0.7, theta_min=10.0, ablation=None, tag=3,
-                             timeout=opts.timeout, smoke=False,
+                             timeout=opts.timeout, smoke=False, checkpoint_every=getattr(opts, "checkpoint_every", 0),
                              out=opts.out or ROOT / "runs" / f"fidelity-{opts.task}-seed{opts.seed}",
                              runner_extra=(*task.runner_extra, "--seed", str(opts.seed)),
                              fidelity={"task": opts.task, "seed": opts.seed, "target_fraction": task.target_fraction,
@@ -370,6 +370,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     r.add_argument("--seed", type=int, default=0, help="model initialization and data seed of every system "
                    "(another seed gives a second sample of every curve: the run-to-run spread)")
     r.add_argument("--out", default=None, help="default: runs/fidelity-<task>-seed<seed> (git-ignored)")
+    r.add_argument("--checkpoint-every", type=int, default=0, metavar="K",
+                   help="checkpoint every K steps; the same command again skips finished systems and resumes the "
+                        "others (long tasks: a run outlasts a session)")
     r.add_argument("--cluster", action="append", type=cluster_arg, default=[], metavar="RATE=DIR")
     p = sub.add_parser("report", help="rebuild fidelity.md, fidelity.json and plots")
     p.add_argument("dirs", nargs="+", help="fidelity/bench_e2e outputs of one model; several are merged when "

@@ -1,9 +1,12 @@
 """Suite-wide hygiene: DeepSpeed's CPU comm op leaves a ~69 MB /dev/shm buffer per rank for every single-node
 launch on a new port (ds_gravac/integration/shm_buffer.py). Launches that fail before ``ds_gravac.attach``
 releases the name would fill the RAM-backed tmpfs over a full suite, so after each test the buffers it created
-and no live process maps are removed."""
+and no live process maps are removed. Under ``pytest -n 2`` another worker's launch may be creating its buffers
+right then (created by ``shm_open``, mapped a moment later): only buffers older than ``MIN_AGE_S`` are removed, and
+a younger leak is caught by a later test or at the end of the session."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -11,6 +14,7 @@ import pytest
 
 SHM_DIR = Path("/dev/shm")
 PATTERN = "deepspeed_allreduce_buffer_*"
+MIN_AGE_S = 5.0     # far longer than a rank takes from creating its buffer to mapping it
 
 
 def _mapped_names() -> set[str]:
@@ -24,8 +28,15 @@ def _mapped_names() -> set[str]:
     return names
 
 
+def _old(path: Path) -> bool:
+    try:
+        return time.time() - path.stat().st_mtime > MIN_AGE_S
+    except OSError:
+        return False
+
+
 def _remove_unmapped(before: set[str]) -> None:
-    new = [p for p in SHM_DIR.glob(PATTERN) if p.name not in before]
+    new = [p for p in SHM_DIR.glob(PATTERN) if p.name not in before and _old(p)]
     if new:
         mapped = _mapped_names()
         for path in new:
