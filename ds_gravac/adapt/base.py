@@ -78,6 +78,7 @@ class ControllerContext:
     compressible: tuple[str, ...] = ()            # compressible tensor names in plan order
     rank: int = 0
     default_level: Optional[float] = None         # static: a low-rank rank, or a quantizer's default CF
+    cost_fits: Optional[Callable[[], Any]] = None   # the agreed cost-model fits (a FitTable) or None (auto)
 
 
 EVENTS_KEPT = 256     # controller events kept for pop_events(); older ones are dropped (bounded memory)
@@ -110,6 +111,11 @@ class Controller:
     @property
     def strict(self) -> bool:
         return False
+
+    def signal_groups(self, named_shapes: Sequence[tuple[str, Sequence[int]]]) -> Any:
+        """Groups of the compressed tensors whose signals the statistics should carry per group (a
+        ``sync.aggregate_gain.GroupSpec``), or None. Called by the synchronizer before its first plan."""
+        return None
 
     # ---- rank-0 decisions (Accordion) -------------------------------------------------------------
     def collects_gradients(self, step: int) -> bool:

@@ -18,6 +18,7 @@ from ..errors import GravacConfigError
 
 # (low, high) compression of Accordion when the config leaves them unset; a quantizer uses its grid's ends.
 DEFAULT_LEVELS = {"cf": (1.01, 10.0), "rank": (4.0, 1.0)}
+AUTO_COMPRESSORS = ("powersgd",)     # mode "auto": per-group ranks (other families: docs/algorithms.md §8)
 GRAVAC_NEEDS = "ds_gravac: mode 'gravac' needs a compressor with gain_kind 'projection' and >= 2 realizable CFs"
 
 Realize = Callable[[float], float]
@@ -140,6 +141,10 @@ def check_mode(config: Any, compressor: Any) -> None:
                      static_only=bool(getattr(compressor, "static_only", False)))
     elif config.mode == "accordion":
         accordion_levels(config.accordion, name, compressor.level_kind, grid, compressor.realize_cf)
+    elif config.mode == "auto" and name not in AUTO_COMPRESSORS:
+        raise GravacConfigError(f"ds_gravac: mode 'auto' drives a low-rank compressor's rank per layer group and "
+                                f"supports {', '.join(AUTO_COMPRESSORS)} in this version, not {name!r} (keys "
+                                f"\"mode\": \"auto\", \"compressor\": \"{name}\")")
 
 
 __all__ = ["DEFAULT_LEVELS", "accordion_levels", "check_mode", "check_rank_ladder", "classifier_shapes",

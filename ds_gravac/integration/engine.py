@@ -10,6 +10,7 @@ import torch
 from pydantic import ValidationError
 
 from ..adapt import Controller, ControllerContext, build_controller
+from ..adapt.auto.ladder import RANKS as AUTO_RANKS
 from ..adapt.levels import DEFAULT_LEVELS, check_mode, classifier_shapes, uniform_bound
 from ..compress.base import Compressor, Kind
 from ..compress.local_clipping import local_limit
@@ -91,6 +92,8 @@ def rank_level_bound(config: GravacConfig, comp: Compressor) -> tuple[str, float
             return "uniform", uniform_bound(config)
         return "cf", float(config.theta_min)
     rank = float(getattr(comp.params, "rank", 1))
+    if config.mode == "auto":
+        return "rank", float(AUTO_RANKS[0])          # the largest rung of auto's ladders
     if config.mode == "accordion":
         low, high = DEFAULT_LEVELS["rank"]
         acc = config.accordion
@@ -147,7 +150,8 @@ class GravacHandle:
                                                    * eng.gradient_accumulation_steps()),
             realize_cf=comp.realize_cf, cf_grid=comp.cf_grid(), multilevel=comp.multilevel,
             gain_kind=comp.gain_kind, level_kind=comp.level_kind, compressible=compressible, rank=rank,
-            default_level=static_default_level(cfg, comp)))
+            default_level=static_default_level(cfg, comp),
+            cost_fits=lambda: getattr(self.sync.planner.selector, "fits", None)))
         eng.enable_backward_allreduce = False
         self.active = True
         route_engine_checkpoints(self)
@@ -341,14 +345,15 @@ def _trainable(engine: Any) -> list[tuple[str, torch.Tensor]]:
 
 
 def _check_compressible(cfg: GravacConfig, comp: Compressor, engine: Any) -> None:
-    """Accordion switches levels per compressed tensor: with nothing compressible it has nothing to decide."""
-    if cfg.mode != "accordion":
+    """Accordion and auto switch levels per compressed tensor: with nothing compressible they have nothing to
+    decide."""
+    if cfg.mode not in ("accordion", "auto"):
         return
     named = _trainable(engine)
     if not any(m.compressible for m in classify(named, comp.accepts, cfg.min_compress_numel,
                                                 comp.name != "none")):
         largest = max((p.numel() for _, p in named), default=0)
-        raise GravacConfigError(f"ds_gravac: mode 'accordion' needs at least one compressed tensor, but with "
+        raise GravacConfigError(f"ds_gravac: mode '{cfg.mode}' needs at least one compressed tensor, but with "
                                 f"compressor '{cfg.compressor.type}' and min_compress_numel "
                                 f"{cfg.min_compress_numel} (largest tensor: {largest} elements) none is "
                                 f"compressed; lower min_compress_numel or use mode 'dense'")
