@@ -249,30 +249,30 @@ class AggregateGain:
         if step < 0 or levels is None:
             return None
         n = self.world_size
-        left = 0.0
+        squares = []                                  # (x̄ − G)² at every sample coordinate
         for s in range(HEAD, HEAD + self.samples):
             mean = 0.0
             for row in tails:
                 mean += row[s]
-            left += (mean / n) ** 2
+            squares.append((mean / n) ** 2)
+        left = 0.0
+        for v in squares:
+            left += v
         den = head[1] + self._scale * left
         nums = tuple(None if head[2 + j] < 0 else head[2 + j] for j in range(len(levels)))
-        groups = () if self.spec is None else self._agreed_groups(tails)
+        groups = () if self.spec is None else self._agreed_groups(head, squares)
         return AggregateSample(step=step, levels=levels, den=den, nums=nums, groups=groups)
 
-    def _agreed_groups(self, tails: list[list[float]]) -> tuple[GroupSignal, ...]:
-        """Rank 0's exact per-group terms; each group's sampled remainder from the rank-order sums."""
-        spec, n = self.spec, self.world_size
+    def _agreed_groups(self, head: list[float], squares: list[float]) -> tuple[GroupSignal, ...]:
+        """Rank 0's exact per-group terms; each group's sampled remainder from its coordinates' squares."""
+        spec = self.spec
         left = [0.0] * spec.count
-        for s, g in enumerate(self._sample_groups.tolist()):
+        for v, g in zip(squares, self._sample_groups.tolist()):
             if g >= 0:
-                mean = 0.0
-                for row in tails:
-                    mean += row[HEAD + s]
-                left[g] += (mean / n) ** 2
-        head, width, out = tails[0][HEAD + self.samples:], 1 + len(spec.ranks), []
+                left[g] += v
+        terms, width, out = head[HEAD + self.samples:], 1 + len(spec.ranks), []
         for g in range(spec.count):
-            row = head[g * width:(g + 1) * width]
+            row = terms[g * width:(g + 1) * width]
             out.append(GroupSignal(den=row[0] + self._scale * left[g], applied=row[0],
                                    prefix=tuple(None if v < 0 else v for v in row[1:])))
         return tuple(out)

@@ -47,10 +47,34 @@ def _records(engine: Any) -> list[dict]:
             for r in ds_gravac.get_handle(engine).pop_stats()]
 
 
+PROBE = 3          # a dense step (the tight start): its agreed per-group energy is exactly ‖ḡ_g‖²
+
+
+def _watch(engine: Any, rank_grads: dict, signals: dict) -> None:
+    """Keep this rank's local gradients of step PROBE, and every agreed per-group signal the controller observes."""
+    import ds_gravac
+    for name, p in engine.module.named_parameters():
+        p.register_hook(lambda g, name=name: rank_grads.__setitem__(name, g.detach().double().clone())
+                        if engine.global_steps == PROBE else None)
+    ctl = ds_gravac.get_handle(engine).controller
+    observe = ctl.observe
+
+    def watched(stats: Any) -> None:
+        if stats.aggregate is not None:
+            signals[stats.aggregate.step] = [(s.den, s.applied, s.prefix) for s in stats.aggregate.groups]
+        observe(stats)
+    ctl.observe = watched
+
+
 def _job(rank: int, world: int, save_dir: str) -> dict:
     import ds_gravac
     straight = _engine(world)
+    grads: dict = {}
+    signals: dict = {}
+    _watch(straight, grads, signals)
     _train(straight, rank, 0, STEPS)
+    members = {g.name: (list(g.members), [int(lv.value) for lv in g.ladder if lv.family == "lowrank"])
+               for g in ds_gravac.get_handle(straight).controller.groups}
     first = _engine(world)
     _train(first, rank, 0, SAVE)
     handle = ds_gravac.get_handle(first)
@@ -62,8 +86,8 @@ def _job(rank: int, world: int, save_dir: str) -> dict:
     _train(resumed, rank, SAVE, STEPS)
     return {"params": M.params_of(straight), "records": _records(straight),
             "resumed_params": M.params_of(resumed), "resumed_records": _records(resumed),
-            "saved_state": saved_state, "loaded_state": loaded_state,
-            "groups": [g.name for g in ds_gravac.get_handle(straight).controller.groups]}
+            "saved_state": saved_state, "loaded_state": loaded_state, "members": members, "grads": grads,
+            "signals": signals}
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +105,26 @@ def test_ranks_apply_the_same_codes_and_params(results: list[dict]) -> None:
     assert r0["records"] == r1["records"]         # codes, phase, predictions, bytes: every step, both ranks
     for name, value in r0["params"].items():
         assert torch.equal(value, r1["params"][name]), name
+
+
+def test_group_signals_of_a_dense_step_are_the_mean_gradients_energy(results: list[dict]) -> None:
+    """Independent float64 reference: ‖mean over ranks of g_w‖² per group, from each rank's local gradients."""
+    r0, r1 = results
+    assert r0["signals"] == r1["signals"]           # agreed: bitwise the same on both ranks
+    assert set(r0["signals"]) == set(range(STEPS - 1))      # step i's signals arrive with step i + 1
+    from ds_gravac.adapt.auto.ladder import RANKS
+    for g, (name, (members, ladder)) in enumerate(r0["members"].items()):
+        # a parameter without a gradient ("unused") is averaged as zeros
+        mean_sq = sum(float(((r0["grads"][m] + r1["grads"][m]) / 2).square().sum()) for m in members
+                      if m in r0["grads"])
+        den, applied, prefix = r0["signals"][PROBE][g]
+        assert den == pytest.approx(mean_sq, rel=1e-5), name
+        assert applied == pytest.approx(mean_sq, rel=1e-5), name
+        known = [p for p in prefix if p is not None]
+        # a dense step measures every rank up to the factors' width: every rank of the group's ladder
+        assert all(prefix[RANKS.index(r)] is not None for r in ladder), name
+        assert all(0.0 <= p <= den * (1 + 1e-6) for p in known), name
+        assert known == sorted(known, reverse=True), name       # RANKS are listed from 64 down: prefixes shrink
 
 
 def test_tight_start_then_a_compressed_plan(results: list[dict]) -> None:
