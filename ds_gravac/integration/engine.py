@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from ..adapt import Controller, ControllerContext, build_controller
 from ..adapt.auto.ladder import RANKS as AUTO_RANKS
+from ..adapt.auto.timing import measure_link
 from ..adapt.levels import DEFAULT_LEVELS, check_mode, classifier_shapes, uniform_bound
 from ..compress.base import Compressor, Kind
 from ..compress.local_clipping import local_limit
@@ -144,6 +145,9 @@ class GravacHandle:
             self.zero = ZeroBridge(eng)
             self.sync.loss_scale, self.sync.after_write = self.zero.loss_scale, self.zero.fill_partitions
         compressible = tuple(m.name for m in self.sync.members if m.compressible)
+        link = None
+        if cfg.mode == "auto" and cfg.auto.link == "measure":      # every rank, at attach: agreed fits of the link
+            link = measure_link(cfg.cost_model.probe_bytes, cfg.cost_model.probe_repeats, self.channels)
         self._take_engine_settings()
         self.controller.bind(ControllerContext(
             world_size=world, samples_per_step=int(eng.train_micro_batch_size_per_gpu()
@@ -151,7 +155,7 @@ class GravacHandle:
             realize_cf=comp.realize_cf, cf_grid=comp.cf_grid(), multilevel=comp.multilevel,
             gain_kind=comp.gain_kind, level_kind=comp.level_kind, compressible=compressible, rank=rank,
             default_level=static_default_level(cfg, comp),
-            cost_fits=lambda: getattr(self.sync.planner.selector, "fits", None)))
+            cost_fits=lambda: _agreed_fits(self.sync, link)))
         eng.enable_backward_allreduce = False
         self.active = True
         route_engine_checkpoints(self)
@@ -342,6 +346,12 @@ class GravacHandle:
 
 def _trainable(engine: Any) -> list[tuple[str, torch.Tensor]]:
     return [(n, p) for n, p in engine.module.named_parameters() if p.requires_grad and p.numel() > 0]
+
+
+def _agreed_fits(sync: Synchronizer, link: Any) -> Any:
+    """The cost model's agreed fits when it has them, else the link measured at attach (mode auto), else None."""
+    fits = getattr(sync.planner.selector, "fits", None)
+    return fits if fits is not None else link
 
 
 def _check_compressible(cfg: GravacConfig, comp: Compressor, engine: Any) -> None:

@@ -89,8 +89,9 @@ class Synchronizer:
         check_aggregate_gain(config, compressor)
         groups = controller.signal_groups([(m.name, tuple(m.param.shape)) for m in self.members if m.compressible])
         measured = groups is not None or (config.mode == "gravac" and config.gain_denominator == "aggregate")
-        self.aggregate = AggregateGain(compressor, self.planner, config.seed, self.world_size, groups=groups) \
-            if measured else None
+        self.aggregate: Optional[AggregateGain] = None
+        if measured:
+            self.aggregate = AggregateGain(compressor, self.planner, config.seed, self.world_size, groups=groups)
         compressor.wants_energies = self.aggregate is not None
         self.stats = StepStatistics(engine, self.world_size, channels.control, on_record, self.aggregate)
         self.backward_end_t = 0.0

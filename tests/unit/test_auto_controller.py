@@ -3,6 +3,7 @@ the documented defaults are the code's), and the controller's plan against an in
 compress more on a slow link than on a fast one (the "link change re-plans" test at unit level)."""
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
@@ -40,6 +41,7 @@ def test_mode_auto_is_a_choice_not_an_unset_value() -> None:
     ("pin_below_numel", -1, "greater than or equal to 0"),
     ("link_gbit_s", 0.0, "greater than 0"),
     ("link_alpha_s", 2.0, "less than or equal to 1"),
+    ("link", "guess", "'measure' or 'nominal'"),
     ("interval_steps", "50", "valid integer"),
 ])
 def test_auto_key_errors_name_key_value_and_range(key: str, value: object, allowed: str) -> None:
@@ -71,9 +73,7 @@ def test_documented_auto_defaults_are_the_codes() -> None:
     documented = {k: v for k, v in rows}
     assert set(documented) == set(AutoConfig.model_fields)
     for key, field in AutoConfig.model_fields.items():
-        text = documented[key]
-        expected = "null" if field.default is None else field.default
-        assert (text if text == "null" else type(expected)(float(text))) == expected, key
+        assert json.loads(documented[key]) == field.default, key
 
 
 # ---- the plan against an injected link ---------------------------------------------------------------------------

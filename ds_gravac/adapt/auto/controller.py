@@ -6,8 +6,8 @@
   rank no matrix can pay for (:data:`PLAIN`), which the low-rank compressors send *plain* — its values, summed in
   the same all-reduce, and its error memory cleared. A step whose groups are all dense is a dense step (the warm
   start then follows the exact average and every ladder rank is measured).
-* **Decision** at steps ``start + k·I``: rank 0 prices every rung (``timing.Pricer`` over the agreed cost-model
-  fits when ``selection: "cost_model"`` measured them, else the nominal link of ``auto.link_gbit_s``), takes every
+* **Decision** at steps ``start + k·I``: rank 0 prices every rung (``timing.Pricer`` over the agreed fits of the
+  link timed at attach, ``timing.measure_link``, or the nominal link of ``auto.link_gbit_s``), takes every
   rung's unsent energy from the agreed per-group signals (``signals.GroupErrors``), and solves the knapsack with
   hysteresis (``solver.Hysteresis``) under ``β·error(reference)``, the reference being rank 16 on every group. It
   broadcasts one int64 code per group plus the phase; every rank maps codes to per-tensor levels identically.
@@ -32,7 +32,7 @@ from ..base import Controller, ControllerContext, StepDecision
 from .ladder import LOWRANK, RANKS, REFERENCE, Group, Level, build_groups, uniform_codes
 from .signals import GroupErrors
 from .solver import Hysteresis, totals
-from .timing import Pricer, link_fits
+from .timing import GEMM, Pricer, link_fits
 
 PLAIN = float(1 << 30)       # a rank above min(n, m): never pays, so the matrix travels plain (dense)
 FIRST_SIGNAL_STEP = 2        # step 0's signals arrive with step 1's statistics: the first plan at step 2
@@ -98,13 +98,15 @@ class AutoController(Controller):
             self.signals.add(sample.groups)
 
     def _pricer(self) -> Pricer:
-        """The agreed measured fits (``selection: "cost_model"``), else the configured nominal link."""
+        """The agreed measured fits (the link timed at attach), else the configured nominal link; a measured
+        ``gemm`` line replaces the low-rank codec prior."""
         world = self.ctx.world_size if self.ctx is not None else 2
         fits = self.ctx.cost_fits() if self.ctx is not None and self.ctx.cost_fits is not None else None
         if not isinstance(fits, FitTable):
             a = self.config.auto
-            fits = link_fits(float(a.link_gbit_s) * 1e9, float(a.link_alpha_s), world)
-        return Pricer(fits, world)
+            return Pricer(link_fits(float(a.link_gbit_s) * 1e9, float(a.link_alpha_s), world), world)
+        codec = {LOWRANK: {GEMM: fits.get(GEMM)}} if GEMM in fits.names() else None
+        return Pricer({k: fits.get(k) for k in fits.names() if k != GEMM}, world, codec=codec)
 
     def _tables(self, signals: GroupErrors) -> tuple[list[list[float]], list[list[float]]]:
         return self._pricer().times(self.groups), signals.errors(self.groups)

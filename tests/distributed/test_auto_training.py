@@ -15,19 +15,21 @@ import torch
 import models as M
 from harness import run_ranks
 
-# a nominal 10 Mbit/s link, so that compressing the 128 × 128 layers pays on this tiny model
+# a nominal 10 Mbit/s link, so that compressing the 128 × 128 layers pays on this tiny model (and the plans do not
+# depend on this machine's timing: the resumed run must repeat the uninterrupted one)
 AUTO = {"mode": "auto", "compressor": "powersgd", "bucket_cap_mb": 0.05, "min_compress_numel": 0,
         "agreement_check_interval": 1,
-        "auto": {"interval_steps": 4, "dwell": 1, "pin_below_numel": 0, "link_gbit_s": 0.01}}
+        "auto": {"interval_steps": 4, "dwell": 1, "pin_below_numel": 0, "link": "nominal", "link_gbit_s": 0.01}}
+MEASURED = {**AUTO, "auto": {"interval_steps": 2, "pin_below_numel": 0}}      # the link timed at attach
 STEPS, DROP, SAVE = 20, 12, 9
 DECISIONS = (2, 6, 10, 14, 18)        # start 2 (the first signals), then every 4 steps
 
 
-def _engine(world: int) -> Any:
+def _engine(world: int, section: dict = AUTO) -> Any:
     import ds_gravac
     model = M.make_model(seed=0, width=128)
     engine, *_ = ds_gravac.initialize(model=model, model_parameters=model.parameters(),
-                                      config=M.ds_config(AUTO, world=world))
+                                      config=M.ds_config(section, world=world))
     return engine
 
 
@@ -84,7 +86,12 @@ def _job(rank: int, world: int, save_dir: str) -> dict:
     ds_gravac.get_handle(resumed).load_checkpoint(save_dir, tag="auto")
     loaded_state = ds_gravac.get_handle(resumed).controller.state_dict()
     _train(resumed, rank, SAVE, STEPS)
-    return {"params": M.params_of(straight), "records": _records(straight),
+    measured = _engine(world, MEASURED)
+    M.train(measured, rank, 5)
+    ctl = ds_gravac.get_handle(measured).controller
+    fits = ctl.ctx.cost_fits()
+    return {"measured_fits": {k: (fits.get(k).a, fits.get(k).b) for k in fits.names()},
+            "measured_records": _records(measured), "measured_params": M.params_of(measured),"params": M.params_of(straight), "records": _records(straight),
             "resumed_params": M.params_of(resumed), "resumed_records": _records(resumed),
             "saved_state": saved_state, "loaded_state": loaded_state, "members": members, "grads": grads,
             "signals": signals}
@@ -153,6 +160,20 @@ def test_lr_drop_tightens_the_next_decision(results: list[dict]) -> None:
     assert after["auto/budget"] == 0.25 * after["auto/reference_error"] > 0       # β tight, of rank 16's error
     assert before["auto/budget"] == before["auto/reference_error"] > 0             # β quiet
     assert recs[18]["auto/tight"] == 0          # quiet again one interval later
+
+
+def test_measured_link_is_agreed(results: list[dict]) -> None:
+    """``auto.link: "measure"``: both ranks price from the same fits (MAX over ranks), and decide alike."""
+    r0, r1 = results
+    assert r0["measured_fits"] == r1["measured_fits"]
+    assert set(r0["measured_fits"]) == {"all_reduce", "gemm"}
+    assert all(v >= 0.0 for fit in r0["measured_fits"].values() for v in fit)
+    assert r0["measured_fits"]["all_reduce"][1] > 0 and r0["measured_fits"]["gemm"][1] > 0
+    assert r0["measured_records"] == r1["measured_records"]
+    assert [r["auto/decisions"] for r in r0["measured_records"]] == [0, 0, 1, 1, 2]
+    assert r0["measured_records"][2]["auto/reference_exchange_s"] > 0
+    for name, value in r0["measured_params"].items():
+        assert torch.equal(value, r1["measured_params"][name]), name
 
 
 def test_resume_restores_the_plan_and_matches(results: list[dict]) -> None:
