@@ -44,7 +44,7 @@ def _train(engine: Any, rank: int, start: int, stop: int) -> None:
 
 def _records(engine: Any) -> list[dict]:
     import ds_gravac
-    keep = ("step", "branch", "bytes_sent")
+    keep = ("step", "branch", "bytes_sent", "nonfinite")
     return [{k: v for k, v in r.items() if k in keep or k.startswith("auto/")}
             for r in ds_gravac.get_handle(engine).pop_stats()]
 
@@ -90,8 +90,14 @@ def _job(rank: int, world: int, save_dir: str) -> dict:
     M.train(measured, rank, 5)
     ctl = ds_gravac.get_handle(measured).controller
     fits = ctl.ctx.cost_fits()
+    before_poison, records, params = ctl.state_dict(), _records(measured), M.params_of(measured)
+    # step 5 (no decision point): rank 1's gradient of one tensor is NaN; nothing of the step may reach the state
+    measured.module.hidden[0].weight.register_hook(
+        lambda g: g.clone().fill_(float("nan")) if rank == 1 and measured.global_steps == 5 else g)
+    M.train(measured, rank, 1, start=5)
     return {"measured_fits": {k: (fits.get(k).a, fits.get(k).b) for k in fits.names()},
-            "measured_records": _records(measured), "measured_params": M.params_of(measured),"params": M.params_of(straight), "records": _records(straight),
+            "measured_records": records, "measured_params": params, "before_poison": before_poison,
+            "after_poison": ctl.state_dict(), "poisoned_record": _records(measured)[-1],"params": M.params_of(straight), "records": _records(straight),
             "resumed_params": M.params_of(resumed), "resumed_records": _records(resumed),
             "saved_state": saved_state, "loaded_state": loaded_state, "members": members, "grads": grads,
             "signals": signals}
@@ -174,6 +180,13 @@ def test_measured_link_is_agreed(results: list[dict]) -> None:
     assert r0["measured_records"][2]["auto/reference_exchange_s"] > 0
     for name, value in r0["measured_params"].items():
         assert torch.equal(value, r1["measured_params"][name]), name
+
+
+def test_a_nonfinite_step_leaves_the_controller_untouched(results: list[dict]) -> None:
+    for res in results:
+        assert res["poisoned_record"]["step"] == 5 and res["poisoned_record"]["nonfinite"] == 1
+        assert res["after_poison"] == res["before_poison"]     # codes, phase, signal sums: as before the step
+        assert res["before_poison"]["signals"]["n_energy"] != [0] * len(res["before_poison"]["codes"])
 
 
 def test_resume_restores_the_plan_and_matches(results: list[dict]) -> None:
