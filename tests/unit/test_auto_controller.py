@@ -63,6 +63,8 @@ def test_auto_refuses_other_compressors_at_attach() -> None:
 
     with pytest.raises(GravacConfigError, match=r"mode 'auto' .* supports powersgd .* not 'topk' .*\"compressor\""):
         build_compressor(parse_config({"mode": "auto", "compressor": "topk"}))
+    with pytest.raises(GravacConfigError, match=r'key "compressor.params.rank" \(8\) is not read by mode .auto.'):
+        build_compressor(parse_config({"mode": "auto", "compressor": {"type": "powersgd", "params": {"rank": 8}}}))
     comp = build_compressor(parse_config({"mode": "auto", "compressor": "powersgd"}))
     assert (comp.level_kind, comp.bound) == ("rank", float(RANKS[0]))
 
