@@ -145,9 +145,11 @@ class GravacHandle:
             self.zero = ZeroBridge(eng)
             self.sync.loss_scale, self.sync.after_write = self.zero.loss_scale, self.zero.fill_partitions
         compressible = tuple(m.name for m in self.sync.members if m.compressible)
-        link = None
+        cm, link, remeasure = cfg.cost_model, None, None
         if cfg.mode == "auto" and cfg.auto.link == "measure":      # every rank, at attach: agreed fits of the link
-            link = measure_link(cfg.cost_model.probe_bytes, cfg.cost_model.probe_repeats, self.channels)
+            def remeasure() -> Any:
+                return measure_link(cm.probe_bytes, cm.probe_repeats, self.channels)
+            link = remeasure()
         self._take_engine_settings()
         self.controller.bind(ControllerContext(
             world_size=world, samples_per_step=int(eng.train_micro_batch_size_per_gpu()
@@ -155,7 +157,7 @@ class GravacHandle:
             realize_cf=comp.realize_cf, cf_grid=comp.cf_grid(), multilevel=comp.multilevel,
             gain_kind=comp.gain_kind, level_kind=comp.level_kind, compressible=compressible, rank=rank,
             default_level=static_default_level(cfg, comp),
-            cost_fits=lambda: _agreed_fits(self.sync, link)))
+            cost_fits=lambda: _agreed_fits(self.sync, link), measure_link=remeasure))
         eng.enable_backward_allreduce = False
         self.active = True
         route_engine_checkpoints(self)

@@ -133,6 +133,7 @@ class Synchronizer:
         step = int(self.engine.global_steps)
         self.server.discard()           # candidates of an unfinished step are never adopted
         if self.plan.frozen and self.controller.broadcast_point(step):
+            self.controller.before_proposal(step)
             size = self.controller.proposal_size()
             prop = self.controller.propose(step, self.stats.agreed_lr) if self.rank == 0 \
                 else torch.zeros(size, dtype=torch.int64)

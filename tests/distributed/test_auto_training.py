@@ -20,7 +20,8 @@ from harness import run_ranks
 AUTO = {"mode": "auto", "compressor": "powersgd", "bucket_cap_mb": 0.05, "min_compress_numel": 0,
         "agreement_check_interval": 1,
         "auto": {"interval_steps": 4, "dwell": 1, "pin_below_numel": 0, "link": "nominal", "link_gbit_s": 0.01}}
-MEASURED = {**AUTO, "auto": {"interval_steps": 2, "pin_below_numel": 0}}      # the link timed at attach
+# the link timed at attach, and again at the second decision (step 4)
+MEASURED = {**AUTO, "auto": {"interval_steps": 2, "pin_below_numel": 0, "remeasure_decisions": 1}}
 STEPS, DROP, SAVE = 20, 12, 9
 DECISIONS = (2, 6, 10, 14, 18)        # start 2 (the first signals), then every 4 steps
 
@@ -91,12 +92,15 @@ def _job(rank: int, world: int, save_dir: str) -> dict:
     ctl = ds_gravac.get_handle(measured).controller
     fits = ctl.ctx.cost_fits()
     before_poison, records, params = ctl.state_dict(), _records(measured), M.params_of(measured)
+    events = [e for e in ds_gravac.get_handle(measured).pop_events() if e["event"] == "auto_link_measured"]
+    remeasured = {k: (ctl._pricer().link[k].a, ctl._pricer().link[k].b) for k in ("all_reduce",)}
     # step 5 (no decision point): rank 1's gradient of one tensor is NaN; nothing of the step may reach the state
     measured.module.hidden[0].weight.register_hook(
         lambda g: g.clone().fill_(float("nan")) if rank == 1 and measured.global_steps == 5 else g)
     M.train(measured, rank, 1, start=5)
     return {"measured_fits": {k: (fits.get(k).a, fits.get(k).b) for k in fits.names()},
             "measured_records": records, "measured_params": params, "before_poison": before_poison,
+            "link_events": events, "remeasured": remeasured,
             "after_poison": ctl.state_dict(), "poisoned_record": _records(measured)[-1],"params": M.params_of(straight), "records": _records(straight),
             "resumed_params": M.params_of(resumed), "resumed_records": _records(resumed),
             "saved_state": saved_state, "loaded_state": loaded_state, "members": members, "grads": grads,
@@ -176,6 +180,10 @@ def test_measured_link_is_agreed(results: list[dict]) -> None:
     assert all(v >= 0.0 for fit in r0["measured_fits"].values() for v in fit)
     assert r0["measured_fits"]["all_reduce"][1] > 0 and r0["measured_fits"]["gemm"][1] > 0
     assert r0["measured_records"] == r1["measured_records"]
+    # re-timed at the second decision only, on both ranks alike; the plan prices the new fit
+    assert [e["step"] for e in r0["link_events"]] == [4] and r0["link_events"] == r1["link_events"]
+    new = (r0["link_events"][0]["all_reduce_a"], r0["link_events"][0]["all_reduce_b"])
+    assert r0["remeasured"]["all_reduce"] == new == r1["remeasured"]["all_reduce"]
     assert [r["auto/decisions"] for r in r0["measured_records"]] == [0, 0, 1, 1, 2]
     assert r0["measured_records"][2]["auto/reference_exchange_s"] > 0
     for name, value in r0["measured_params"].items():

@@ -97,14 +97,18 @@ def _signals(ctl: AutoController) -> tuple[GroupSignal, ...]:
     return tuple(out)
 
 
-def _controller(rate_bit_s: float) -> AutoController:
-    config = parse_config({"mode": "auto", "compressor": "powersgd", "auto": {"interval_steps": 10}})
-    ctl = AutoController(config)
+def _controller(rate_bit_s: float, remeasured_bit_s: float = 0.0) -> AutoController:
+    """Signals of three steps observed; the link at ``rate_bit_s``, re-timed at ``remeasured_bit_s`` (every
+    decision after the first) when given."""
+    auto = {"interval_steps": 10, "dwell": 0, "remeasure_decisions": 1 if remeasured_bit_s else 0}
+    ctl = AutoController(parse_config({"mode": "auto", "compressor": "powersgd", "auto": auto}))
     ctl.signal_groups(SHAPES)
     fits = FitTable(link_fits(rate_bit_s, 1e-4, 2))
+    later = FitTable(link_fits(remeasured_bit_s or rate_bit_s, 1e-4, 2))
     ctl.bind(ControllerContext(world_size=2, samples_per_step=32, realize_cf=float, cf_grid=None,
                                multilevel="none", gain_kind="projection", level_kind="rank",
-                               compressible=tuple(n for n, _ in SHAPES), cost_fits=lambda: fits))
+                               compressible=tuple(n for n, _ in SHAPES), cost_fits=lambda: fits,
+                               measure_link=lambda: later))
     for step in range(3):
         sample = AggregateSample(step=step, levels=(), den=0.0, nums=(), groups=_signals(ctl))
         ctl.observe(AgreedStats(step=step + 1, decision=None, den=0.0, den_raw=0.0, nums=(), t_iter_prev=0.0,
@@ -139,3 +143,19 @@ def test_a_slow_link_compresses_more_than_a_fast_one() -> None:
         want = float(level.value) if level.family == LOWRANK else PLAIN
         assert all(decision.level_for(m) == want for m in g.members)
     assert all(math.isfinite(v) for v in slow.last.values())
+
+
+def test_a_link_change_re_plans_at_the_next_decision() -> None:
+    """Fast at attach, 1000x slower when re-timed: the first quiet plan is the fast link's, the next decision
+    (which re-times the link first) is the slow link's plan."""
+    ctl = _controller(1e11, remeasured_bit_s=1e8)
+    fast_codes = _plan(1e11)[1]
+    slow_codes = _plan(1e8)[1]
+    assert fast_codes != slow_codes
+    step = ctl.tight_until
+    for expected in (fast_codes, slow_codes):
+        ctl.before_proposal(step)
+        ctl.accept(step, ctl.propose(step, 0.1))
+        assert ctl.codes == expected
+        step += ctl.interval
+    assert [e["event"] for e in ctl.pop_events() if e["event"] == "auto_link_measured"] == ["auto_link_measured"]

@@ -27,7 +27,7 @@ import torch
 
 from ...errors import GravacConfigError
 from ...sync.aggregate_gain import GroupSpec
-from ...sync.cost_model.fits import FitTable
+from ...sync.cost_model.fits import ALL_REDUCE, FitTable
 from ..base import Controller, ControllerContext, StepDecision
 from .ladder import LOWRANK, RANKS, REFERENCE, Group, Level, build_groups, uniform_codes
 from .signals import GroupErrors
@@ -61,6 +61,7 @@ class AutoController(Controller):
         self.tight = True
         self.last = {"time": 0.0, "ref_time": 0.0, "error": 0.0, "ref_error": 0.0, "budget": 0.0}
         self._levels: dict[str, float] = {}
+        self._fits: Optional[FitTable] = None        # re-timed link (auto.remeasure_decisions), newer than attach's
 
     # ---- groups (called by the synchronizer before the first plan) ----------------------------------------
     def signal_groups(self, named_shapes: Sequence[tuple[str, Sequence[int]]]) -> GroupSpec:
@@ -101,7 +102,9 @@ class AutoController(Controller):
         """The agreed measured fits (the link timed at attach), else the configured nominal link; a measured
         ``gemm`` line replaces the low-rank codec prior."""
         world = self.ctx.world_size if self.ctx is not None else 2
-        fits = self.ctx.cost_fits() if self.ctx is not None and self.ctx.cost_fits is not None else None
+        fits = self._fits
+        if fits is None and self.ctx is not None and self.ctx.cost_fits is not None:
+            fits = self.ctx.cost_fits()
         if not isinstance(fits, FitTable):
             a = self.config.auto
             return Pricer(link_fits(float(a.link_gbit_s) * 1e9, float(a.link_alpha_s), world), world)
@@ -119,6 +122,16 @@ class AutoController(Controller):
     # ---- the rank-0 decision and its application -------------------------------------------------------
     def broadcast_point(self, step: int) -> bool:
         return step >= self.start and (step - self.start) % self.interval == 0
+
+    def before_proposal(self, step: int) -> None:
+        """Every ``remeasure_decisions``-th decision after the first, every rank re-times the link (agreed fits),
+        so the plan about to be proposed prices the network as it is now."""
+        every = int(self.config.auto.remeasure_decisions)
+        measure = self.ctx.measure_link if self.ctx is not None else None
+        if every and measure is not None and self.decisions and self.decisions % every == 0:
+            self._fits = measure()
+            link = self._fits.get(ALL_REDUCE)
+            self.log_event(step, "auto_link_measured", all_reduce_a=link.a, all_reduce_b=link.b)
 
     def proposal_size(self) -> int:
         return len(self.groups) + 1
