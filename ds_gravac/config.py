@@ -55,6 +55,7 @@ class AutoConfig(StrictModel):
     interval_steps: int = Field(50, ge=1, le=100000)            # I: a decision every I steps
     warmup_steps: int = Field(0, ge=0, le=10**7)                # dense steps before the first decision
     tight_steps: Optional[int] = Field(None, ge=0, le=10**7)    # tight budget after the start and an lr drop (None: I)
+    lr_drop: float = Field(0.2, gt=0.0, le=1.0)                 # a step-to-step lr decrease by this fraction is a drop
     dwell: int = Field(2, ge=0, le=1000)                        # decisions a group keeps a new level
     min_gain: float = Field(0.03, ge=0.0, lt=1.0)               # predicted saving needed to switch
     budget_quiet: float = Field(1.0, gt=0.0, le=4.0)            # β: error budget in units of the reference's error

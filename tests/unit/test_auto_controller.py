@@ -159,3 +159,16 @@ def test_a_link_change_re_plans_at_the_next_decision() -> None:
         assert ctl.codes == expected
         step += ctl.interval
     assert [e["event"] for e in ctl.pop_events() if e["event"] == "auto_link_measured"] == ["auto_link_measured"]
+
+
+def test_a_step_drop_of_the_learning_rate_tightens_a_smooth_decay_does_not() -> None:
+    ctl = _controller(1e8)
+    quiet = ctl.tight_until
+    for step, lr in enumerate([0.1, 0.099, 0.0985, 0.098], start=quiet):     # cosine-like: < 20% per step
+        ctl.decide(step, lr)
+    assert ctl.tight_until == quiet and not bool(ctl.propose(quiet + 4, 0.098)[-1])
+    assert bool(ctl.propose(quiet + 4, 0.0098)[-1])         # rank 0 sees the drop at the decision itself ...
+    ctl.decide(quiet + 4, 0.0098)
+    assert ctl.tight_until == quiet + 4 + ctl.interval      # ... and every rank keeps it tight for I steps
+    assert bool(ctl.propose(quiet + 4 + ctl.interval - 1, 0.0098)[-1])
+    assert not bool(ctl.propose(quiet + 4 + ctl.interval, 0.0098)[-1])

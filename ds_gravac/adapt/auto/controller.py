@@ -12,7 +12,7 @@
   hysteresis (``solver.Hysteresis``) under ``β·error(reference)``, the reference being rank 16 on every group. It
   broadcasts one int64 code per group plus the phase; every rank maps codes to per-tensor levels identically.
 * **Phases**: the budget is ``budget_tight`` for decisions within ``tight_steps`` of the start and of a drop of
-  the agreed learning rate, ``budget_quiet`` otherwise.
+  the agreed learning rate (a step-to-step decrease by at least ``lr_drop`` of it), ``budget_quiet`` otherwise.
 
 Everything that changes replicated state happens on every rank from agreed values (``accept``, ``decide``,
 ``observe``); rank 0's ``propose`` works on copies.
@@ -114,7 +114,8 @@ class AutoController(Controller):
     def _tables(self, signals: GroupErrors) -> tuple[list[list[float]], list[list[float]]]:
         return self._pricer().times(self.groups), signals.errors(self.groups)
 
-    def _budget(self, errors: list[list[float]], times: list[list[float]], tight: bool) -> tuple[float, ...]:
+    def _budget(self, errors: list[list[float]], times: list[list[float]], tight: bool
+                ) -> tuple[float, float, float]:
         ref_t, ref_e = totals(times, errors, self.reference)
         beta = self.config.auto.budget_tight if tight else self.config.auto.budget_quiet
         return ref_t, ref_e, float(beta) * ref_e
@@ -137,7 +138,10 @@ class AutoController(Controller):
         return len(self.groups) + 1
 
     def _lr_dropped(self, lr: float) -> bool:
-        return self.prev_lr is not None and math.isfinite(lr) and lr < self.prev_lr
+        """A step-to-step decrease of the agreed rate by at least ``lr_drop`` of it (a step schedule's drop; the
+        small steps of a smooth decay are not drops)."""
+        drop = float(self.config.auto.lr_drop)
+        return self.prev_lr is not None and math.isfinite(lr) and lr <= (1.0 - drop) * self.prev_lr
 
     def propose(self, step: int, lr: float) -> torch.Tensor:
         """Rank 0: the plan from this interval's signals (on copies: the replicated state changes in accept)."""
