@@ -172,3 +172,29 @@ def test_a_step_drop_of_the_learning_rate_tightens_a_smooth_decay_does_not() -> 
     assert ctl.tight_until == quiet + 4 + ctl.interval      # ... and every rank keeps it tight for I steps
     assert bool(ctl.propose(quiet + 4 + ctl.interval - 1, 0.0098)[-1])
     assert not bool(ctl.propose(quiet + 4 + ctl.interval, 0.0098)[-1])
+
+
+def test_group_errors_average_the_interval_and_keep_unmeasured_ranks() -> None:
+    """Worked by hand: fractions are Σ unsent / Σ energy over the steps that measured the rank; a rank not measured
+    in an interval keeps its fraction, applied to the new energy; a rank never measured counts as all unsent."""
+    from ds_gravac.adapt.auto.ladder import build_groups
+    from ds_gravac.adapt.auto.signals import GroupErrors
+
+    groups = build_groups([("w", (256, 128))], families=(LOWRANK,), classifier=None, min_numel=0)
+    assert [int(lv.value) for lv in groups[0].ladder[1:]] == [32, 16, 8, 4, 2]
+    errs = GroupErrors(groups, RANKS)
+
+    def signal(den: float, captured: dict) -> tuple:
+        return (GroupSignal(den=den, applied=den, prefix=tuple(captured.get(r) for r in RANKS)),)
+
+    errs.add(signal(10.0, {16: 8.0, 8: 6.0, 4: 4.0, 2: 2.0}))      # sent at rank 16: ranks <= 16 measured
+    errs.add(signal(20.0, {16: 18.0, 8: 14.0}))                    # only 16 and 8 measured
+    assert not errs.ready
+    errs.close_interval()
+    assert errs.ready and errs.energy == [15.0]
+    assert errs.errors(groups)[0] == pytest.approx([0.0, 15.0, 15.0 * 4 / 30, 15.0 * 10 / 30, 15.0 * 6 / 10,
+                                                    15.0 * 8 / 10], rel=1e-15)
+    errs.add(signal(30.0, {}))                                      # sent plain: nothing but the energy
+    errs.close_interval()
+    assert errs.errors(groups)[0] == pytest.approx([0.0, 30.0, 30.0 * 4 / 30, 30.0 * 10 / 30, 30.0 * 6 / 10,
+                                                    30.0 * 8 / 10], rel=1e-15)
