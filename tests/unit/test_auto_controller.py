@@ -69,6 +69,20 @@ def test_auto_refuses_other_compressors_at_attach() -> None:
     assert (comp.level_kind, comp.bound) == ("rank", float(RANKS[0]))
 
 
+def test_the_dense_rung_sends_a_matrix_plain_and_a_rank_rung_at_its_rank() -> None:
+    """What PowerSGD, bound by auto's mode, makes of the levels the controller gives a tensor."""
+    from ds_gravac.adapt.auto.ladder import build_groups
+    from ds_gravac.integration.engine import build_compressor
+
+    comp = build_compressor(parse_config({"mode": "auto", "compressor": "powersgd"}))
+    for group in build_groups(SHAPES, families=(LOWRANK,)):
+        n, m = group.shape
+        plain = comp.tensor_plan((n, m), PLAIN)
+        assert (plain.get("rank"), plain.words) == (0, n * m), group.name          # its values, no factors
+        for level in group.ladder[1:]:
+            assert comp.tensor_plan((n, m), level.value).get("rank") == int(level.value), (group.name, level)
+
+
 def test_documented_auto_defaults_are_the_codes() -> None:
     """Every ``auto.*`` row of docs/configuration.md states the default the schema has."""
     rows = re.findall(r"^\| `auto\.(\w+)` \| `([^`]+)`", DOCS.read_text(), flags=re.M)
