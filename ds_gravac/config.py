@@ -49,6 +49,31 @@ class AccordionConfig(StrictModel):
         return self   # level order depends on the compressor (CF vs rank): checked when the controller binds
 
 
+class AutoConfig(StrictModel):
+    """``mode: "auto"``: the budgeted goodput controller (docs/algorithms.md §8, keys: docs/configuration.md)."""
+
+    interval_steps: int = Field(50, ge=1, le=100000)            # I: a decision every I steps
+    warmup_steps: int = Field(0, ge=0, le=10**7)                # dense steps before the first decision
+    tight_steps: Optional[int] = Field(None, ge=0, le=10**7)    # tight budget after the start and an lr drop (None: I)
+    lr_drop: float = Field(0.2, gt=0.0, le=1.0)                 # a step-to-step lr decrease by this fraction is a drop
+    dwell: int = Field(2, ge=0, le=1000)                        # decisions a group keeps a new level
+    min_gain: float = Field(0.03, ge=0.0, lt=1.0)               # predicted saving needed to switch
+    budget_quiet: float = Field(1.0, gt=0.0, le=4.0)            # β: error budget in units of the reference's error
+    budget_tight: float = Field(0.25, ge=0.0, le=4.0)
+    pin_below_numel: int = Field(16384, ge=0)                   # groups smaller than this keep >= the reference
+    link: Literal["measure", "nominal"] = "measure"             # time the all-reduce at attach, or assume:
+    remeasure_decisions: int = Field(0, ge=0, le=100000)       # "measure": re-time the link every k decisions
+    link_gbit_s: float = Field(1.0, gt=0.0, le=10000.0)         # a nominal link (deterministic plans)
+    link_alpha_s: float = Field(1e-3, ge=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _tight_below_quiet(self) -> "AutoConfig":
+        if self.budget_tight > self.budget_quiet:
+            raise ValueError(f"auto.budget_tight ({self.budget_tight:g}) must be <= auto.budget_quiet "
+                             f"({self.budget_quiet:g}): the tight budget allows less error")
+        return self
+
+
 class CostModelConfig(StrictModel):
     calibrate: bool = True
     probe_bytes: list[int] = Field(default_factory=lambda: [16384, 262144, 2097152])
@@ -98,7 +123,7 @@ class GravacConfig(StrictModel):
     # bounds on ResNet101, the LSTM and the MLP, and on VGG16-bn within top-1 but not loss at 150 steps (+5.9%,
     # where dense with its gradients perturbed by 1e-6 ends +5.0%: the benchmark's resolution there); faster
     # per-model settings are ds_configs/<model>_recommended.json; GraVAC stays one key away ("mode": "gravac")
-    mode: Literal["gravac", "static", "accordion", "dense"] = "static"
+    mode: Literal["gravac", "static", "accordion", "dense", "auto"] = "static"
     compressor: CompressorSpec = Field(default_factory=CompressorSpec)
     cf: float = Field(100.0, ge=1)
     warmup_steps: int = Field(0, ge=0)
@@ -134,6 +159,7 @@ class GravacConfig(StrictModel):
     settled_policy: Literal["freeze", "recheck"] = "freeze"
     agreement_check_interval: int = Field(0, ge=0)
     accordion: AccordionConfig = Field(default_factory=AccordionConfig)
+    auto: AutoConfig = Field(default_factory=AutoConfig)
     # synchronization
     bucket_cap_mb: float = Field(25.0, gt=0, le=2048)
     min_compress_numel: int = Field(0, ge=0)
@@ -205,10 +231,15 @@ def unavailable_settings(config: GravacConfig) -> list[str]:
     return out
 
 
-def _drop_auto(value: Any) -> Any:
-    """``"auto"`` means "not set" (DeepSpeed's non-strict mode; HF fills or leaves it)."""
+KEEP_AUTO = frozenset({"mode"})     # keys whose value "auto" is a choice ("mode": "auto"), not "not set"
+
+
+def _drop_auto(value: Any, top: bool = True) -> Any:
+    """``"auto"`` means "not set" (DeepSpeed's non-strict mode; HF fills or leaves it), except for the top-level
+    keys of :data:`KEEP_AUTO`, where it names a choice."""
     if isinstance(value, Mapping):
-        return {k: _drop_auto(v) for k, v in value.items() if not (isinstance(v, str) and v == "auto")}
+        return {k: _drop_auto(v, False) for k, v in value.items()
+                if not (isinstance(v, str) and v == "auto" and not (top and k in KEEP_AUTO))}
     return value
 
 

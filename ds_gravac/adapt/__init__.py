@@ -28,6 +28,9 @@ def build_controller(config: Any) -> Controller:
             raise GravacConfigError("ds_gravac: mode 'accordion' is not available in this build yet; "
                                     "use mode 'static' or 'dense'") from None
         return AccordionController(config)
+    if config.mode == "auto":
+        from .auto.controller import AutoController
+        return AutoController(config)
     raise GravacConfigError(f"ds_gravac: unknown mode {config.mode!r}")
 
 

@@ -78,6 +78,8 @@ class ControllerContext:
     compressible: tuple[str, ...] = ()            # compressible tensor names in plan order
     rank: int = 0
     default_level: Optional[float] = None         # static: a low-rank rank, or a quantizer's default CF
+    cost_fits: Optional[Callable[[], Any]] = None   # the agreed cost-model fits (a FitTable) or None (auto)
+    measure_link: Optional[Callable[[], Any]] = None   # collective: time the link now, agreed fits (auto)
 
 
 EVENTS_KEPT = 256     # controller events kept for pop_events(); older ones are dropped (bounded memory)
@@ -111,6 +113,11 @@ class Controller:
     def strict(self) -> bool:
         return False
 
+    def signal_groups(self, named_shapes: Sequence[tuple[str, Sequence[int]]]) -> Any:
+        """Groups of the compressed tensors whose signals the statistics should carry per group (a
+        ``sync.aggregate_gain.GroupSpec``), or None. Called by the synchronizer before its first plan."""
+        return None
+
     # ---- rank-0 decisions (Accordion) -------------------------------------------------------------
     def collects_gradients(self, step: int) -> bool:
         """Whether the synchronizer should hand local uncompressed gradients to :meth:`collect` this step."""
@@ -122,6 +129,10 @@ class Controller:
     def broadcast_point(self, step: int) -> bool:
         """Whether ``step``'s decision needs rank 0's proposal broadcast on ch0 before it is made."""
         return False
+
+    def before_proposal(self, step: int) -> None:
+        """Every rank, at a broadcast point, before rank 0 proposes (nothing is in flight): a controller may run
+        agreed measurements here (auto re-times the link)."""
 
     def propose(self, step: int, lr: float) -> torch.Tensor:
         """Rank 0 only: an int64 tensor of fixed length ``proposal_size()``."""

@@ -18,6 +18,7 @@ from ..errors import GravacConfigError
 
 # (low, high) compression of Accordion when the config leaves them unset; a quantizer uses its grid's ends.
 DEFAULT_LEVELS = {"cf": (1.01, 10.0), "rank": (4.0, 1.0)}
+AUTO_COMPRESSORS = ("powersgd",)     # mode "auto": per-group ranks (other families: docs/algorithms.md §8)
 GRAVAC_NEEDS = "ds_gravac: mode 'gravac' needs a compressor with gain_kind 'projection' and >= 2 realizable CFs"
 
 Realize = Callable[[float], float]
@@ -130,6 +131,19 @@ def check_rank_ladder(config: Any, compressor: Any) -> None:
                             f"'uniform'")
 
 
+def check_auto(config: Any, name: str) -> None:
+    """``mode: "auto"`` drives PowerSGD's rank per layer group: other compressors, and a fixed ``rank`` it would
+    ignore, are refused."""
+    if name not in AUTO_COMPRESSORS:
+        raise GravacConfigError(f"ds_gravac: mode 'auto' drives a low-rank compressor's rank per layer group and "
+                                f"supports {', '.join(AUTO_COMPRESSORS)} in this version, not {name!r} (keys "
+                                f"\"mode\": \"auto\", \"compressor\": \"{name}\")")
+    if "rank" in config.compressor.params:
+        raise GravacConfigError(f"ds_gravac: key \"compressor.params.rank\" ({config.compressor.params['rank']!r}) "
+                                f"is not read by mode 'auto', whose levels are the ranks 64, 32, 16, 8, 4, 2 per "
+                                f"layer group; remove the key")
+
+
 def check_mode(config: Any, compressor: Any) -> None:
     """Attach-time check that ``config.mode`` can drive ``compressor`` with the configured levels."""
     check_rank_ladder(config, compressor)
@@ -140,7 +154,9 @@ def check_mode(config: Any, compressor: Any) -> None:
                      static_only=bool(getattr(compressor, "static_only", False)))
     elif config.mode == "accordion":
         accordion_levels(config.accordion, name, compressor.level_kind, grid, compressor.realize_cf)
+    elif config.mode == "auto":
+        check_auto(config, name)
 
 
-__all__ = ["DEFAULT_LEVELS", "accordion_levels", "check_mode", "check_rank_ladder", "classifier_shapes",
-           "grid_levels", "gravac_range", "uniform_bound"]
+__all__ = ["AUTO_COMPRESSORS", "DEFAULT_LEVELS", "accordion_levels", "check_auto", "check_mode", "check_rank_ladder",
+           "classifier_shapes", "grid_levels", "gravac_range", "uniform_bound"]

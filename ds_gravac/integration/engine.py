@@ -10,6 +10,8 @@ import torch
 from pydantic import ValidationError
 
 from ..adapt import Controller, ControllerContext, build_controller
+from ..adapt.auto.ladder import RANKS as AUTO_RANKS
+from ..adapt.auto.timing import measure_link
 from ..adapt.levels import DEFAULT_LEVELS, check_mode, classifier_shapes, uniform_bound
 from ..compress.base import Compressor, Kind
 from ..compress.local_clipping import local_limit
@@ -91,6 +93,8 @@ def rank_level_bound(config: GravacConfig, comp: Compressor) -> tuple[str, float
             return "uniform", uniform_bound(config)
         return "cf", float(config.theta_min)
     rank = float(getattr(comp.params, "rank", 1))
+    if config.mode == "auto":
+        return "rank", float(AUTO_RANKS[0])          # the largest rung of auto's ladders
     if config.mode == "accordion":
         low, high = DEFAULT_LEVELS["rank"]
         acc = config.accordion
@@ -141,13 +145,19 @@ class GravacHandle:
             self.zero = ZeroBridge(eng)
             self.sync.loss_scale, self.sync.after_write = self.zero.loss_scale, self.zero.fill_partitions
         compressible = tuple(m.name for m in self.sync.members if m.compressible)
+        cm, link, remeasure = cfg.cost_model, None, None
+        if cfg.mode == "auto" and cfg.auto.link == "measure":      # every rank, at attach: agreed fits of the link
+            def remeasure() -> Any:
+                return measure_link(cm.probe_bytes, cm.probe_repeats, self.channels)
+            link = remeasure()
         self._take_engine_settings()
         self.controller.bind(ControllerContext(
             world_size=world, samples_per_step=int(eng.train_micro_batch_size_per_gpu()
                                                    * eng.gradient_accumulation_steps()),
             realize_cf=comp.realize_cf, cf_grid=comp.cf_grid(), multilevel=comp.multilevel,
             gain_kind=comp.gain_kind, level_kind=comp.level_kind, compressible=compressible, rank=rank,
-            default_level=static_default_level(cfg, comp)))
+            default_level=static_default_level(cfg, comp),
+            cost_fits=lambda: _agreed_fits(self.sync, link), measure_link=remeasure))
         eng.enable_backward_allreduce = False
         self.active = True
         route_engine_checkpoints(self)
@@ -340,15 +350,22 @@ def _trainable(engine: Any) -> list[tuple[str, torch.Tensor]]:
     return [(n, p) for n, p in engine.module.named_parameters() if p.requires_grad and p.numel() > 0]
 
 
+def _agreed_fits(sync: Synchronizer, link: Any) -> Any:
+    """The cost model's agreed fits when it has them, else the link measured at attach (mode auto), else None."""
+    fits = getattr(sync.planner.selector, "fits", None)
+    return fits if fits is not None else link
+
+
 def _check_compressible(cfg: GravacConfig, comp: Compressor, engine: Any) -> None:
-    """Accordion switches levels per compressed tensor: with nothing compressible it has nothing to decide."""
-    if cfg.mode != "accordion":
+    """Accordion and auto switch levels per compressed tensor: with nothing compressible they have nothing to
+    decide."""
+    if cfg.mode not in ("accordion", "auto"):
         return
     named = _trainable(engine)
     if not any(m.compressible for m in classify(named, comp.accepts, cfg.min_compress_numel,
                                                 comp.name != "none")):
         largest = max((p.numel() for _, p in named), default=0)
-        raise GravacConfigError(f"ds_gravac: mode 'accordion' needs at least one compressed tensor, but with "
+        raise GravacConfigError(f"ds_gravac: mode '{cfg.mode}' needs at least one compressed tensor, but with "
                                 f"compressor '{cfg.compressor.type}' and min_compress_numel "
                                 f"{cfg.min_compress_numel} (largest tensor: {largest} elements) none is "
                                 f"compressed; lower min_compress_numel or use mode 'dense'")

@@ -21,6 +21,11 @@ uniformly from the shared seeded stream each step: each rank sends ``x_w − G``
 ranks gives ``x̄ − G`` there, and ``n/k·Σ (x̄ − G)_s²`` is unbiased. Models with fewer compressible elements than
 ``SAMPLES`` use every coordinate (exact). A dense step's denominator is exact (``G = x̄``).
 
+Per group (``mode: "auto"``, :class:`GroupSpec`): the same terms split by the groups a controller names — each
+group's ``‖G_g‖²``, its prefix energies ``Σ_{k≤r} ‖c_k‖²`` at the ranks it asks for (−1 where the step did not
+compute them: a rank above the one sent, or a matrix sent plain), and the sampled ``‖x̄_g − G_g‖²`` from the
+coordinates that fall in the group (``n/k·Σ_{s∈g}``, unbiased for every group).
+
 Everything of step ``i`` is known only after its aggregate is decoded, so it travels in step ``i + 1``'s
 statistics vector (rank 0's values for the exact terms, rank-order sums for the samples) and the controller
 receives it one step late, agreed like every other statistic.
@@ -46,6 +51,30 @@ HEAD = 2 + MAX_PROBES            # step, ‖G‖², one numerator per probe slot
 
 
 @dataclass(frozen=True)
+class GroupSpec:
+    """Tensors measured together (a controller's groups): member name → group index, and the ranks whose prefix
+    energies every group reports."""
+
+    members: dict[str, int]
+    count: int
+    ranks: tuple[int, ...]
+
+    @property
+    def width(self) -> int:
+        return self.count * (1 + len(self.ranks))
+
+
+@dataclass(frozen=True)
+class GroupSignal:
+    """One group's agreed terms of one step: ``‖x̄_g‖²`` (``applied`` + the sampled remainder), ``‖G_g‖²``, and the
+    prefix energies at the spec's ranks (None: not computed that step)."""
+
+    den: float
+    applied: float
+    prefix: tuple[Optional[float], ...]
+
+
+@dataclass(frozen=True)
 class AggregateSample:
     """One step's agreed aggregate gain sample: the probe levels of that step and their numerators."""
 
@@ -53,6 +82,7 @@ class AggregateSample:
     levels: tuple[float, ...]
     den: float
     nums: tuple[Optional[float], ...]      # None: the level was not measurable at that step
+    groups: tuple[GroupSignal, ...] = ()   # with a GroupSpec: per group
 
 
 def check_aggregate_gain(config: Any, comp: Compressor) -> None:
@@ -68,11 +98,14 @@ class AggregateGain:
     """Collects one step's aggregate gain on this rank and turns the gathered vectors into an agreed sample."""
 
     def __init__(self, comp: Compressor, planner: "Planner", seed: int, world_size: int,
-                 samples: Optional[int] = None) -> None:
+                 samples: Optional[int] = None, groups: Optional[GroupSpec] = None) -> None:
         self.comp, self.planner, self.seed, self.world_size = comp, planner, seed, world_size
         compressible = sum(m.numel for m in planner.members if m.compressible)
         self.samples = max(1, min(int(samples if samples is not None else SAMPLES), compressible))
-        self.width = HEAD + self.samples            # the tail this module adds to the statistics vector
+        self.spec = groups
+        self.group_width = groups.width if groups is not None else 0
+        self.width = HEAD + self.samples + self.group_width     # the tail this module adds to the statistics vector
+        self._sample_groups = torch.full((self.samples,), -1, dtype=torch.int64)   # of the reported step
         self._plan: Optional["BucketPlan"] = None
         self._starts: dict[int, int] = {}
         self._total = 0
@@ -112,6 +145,22 @@ class AggregateGain:
         self._applied = 0.0
         self._nums = [0.0] * len(self.probes)
         self._valid = [True] * len(self.probes)
+        if self.spec is not None:
+            self._begin_groups()
+
+    def _begin_groups(self) -> None:
+        """Which group each sample coordinate belongs to, and this step's per-group accumulators."""
+        spec = self.spec
+        self._groups = torch.full((self.samples,), -1, dtype=torch.int64)
+        for b, (pos, off) in self._where.items():
+            members = self._plan.buckets[b].members
+            starts = torch.tensor([m.offset for m in members], dtype=torch.int64)
+            ids = torch.tensor([spec.members.get(m.name, -1) for m in members], dtype=torch.int64)
+            if pos.numel():
+                self._groups[pos] = ids[torch.searchsorted(starts, off, right=True) - 1]
+        self._g_applied = [0.0] * spec.count
+        self._g_prefix = [[0.0] * len(spec.ranks) for _ in range(spec.count)]
+        self._g_valid = [[True] * len(spec.ranks) for _ in range(spec.count)]
 
     def stage(self, b: int, flat_x: torch.Tensor) -> None:
         """The bucket's compensated input, before anything is sent: keep it at the sample coordinates."""
@@ -136,6 +185,8 @@ class AggregateGain:
             self._applied += e
             energies = self.comp.component_energies(ctx)
             cum = None if energies is None else [0.0] + torch.cumsum(energies, 0).tolist()
+            if self.spec is not None:
+                self._group_member(m.name, e, cum)
             for j, p in enumerate(self.probes):
                 rank = int(self.comp.tensor_plan(ctx.shape, self.comp.member_level(
                     ctx, self.planner.level(p, self.step))).get("rank") or 0)
@@ -148,6 +199,23 @@ class AggregateGain:
                 self._valid[j] = self._valid[j] and ok
                 self._nums[j] += val
 
+    def _group_member(self, name: str, energy: float, cum: Optional[list[float]]) -> None:
+        g = self.spec.members.get(name, -1)
+        if g < 0:
+            return
+        self._g_applied[g] += energy
+        for j, r in enumerate(self.spec.ranks):
+            ok = cum is not None and r < len(cum)
+            self._g_valid[g][j] = self._g_valid[g][j] and ok
+            self._g_prefix[g][j] += cum[r] if ok else 0.0
+
+    def _group_tail(self) -> list[float]:
+        out: list[float] = []
+        for g in range(self.spec.count):
+            out.append(self._g_applied[g])
+            out += [v if ok else -1.0 for v, ok in zip(self._g_prefix[g], self._g_valid[g])]
+        return out
+
     def end_step(self, finite: bool) -> None:
         """The step's measurement becomes what the next statistics vector carries (nothing if not finite)."""
         out = self._empty()
@@ -159,6 +227,13 @@ class AggregateGain:
             out[HEAD:HEAD + self._count] = torch.where(torch.isfinite(x), x, torch.zeros_like(x))
             self._levels = {self.step: self.probes}
             self._scale = self._total / max(1, self._count)
+            if self.spec is not None:
+                tail = torch.tensor(self._group_tail(), dtype=torch.float64)
+                if bool(torch.isfinite(tail).all()):
+                    out[HEAD + self.samples:] = tail
+                    self._sample_groups = self._groups.clone()
+                else:
+                    out = self._empty()
         self._report = out
 
     # ---- the exchange -----------------------------------------------------------------------------------
@@ -174,20 +249,39 @@ class AggregateGain:
         if step < 0 or levels is None:
             return None
         n = self.world_size
-        left = 0.0
+        squares = []                                  # (x̄ − G)² at every sample coordinate
         for s in range(HEAD, HEAD + self.samples):
             mean = 0.0
             for row in tails:
                 mean += row[s]
-            left += (mean / n) ** 2
+            squares.append((mean / n) ** 2)
+        left = 0.0
+        for v in squares:
+            left += v
         den = head[1] + self._scale * left
         nums = tuple(None if head[2 + j] < 0 else head[2 + j] for j in range(len(levels)))
-        return AggregateSample(step=step, levels=levels, den=den, nums=nums)
+        groups = () if self.spec is None else self._agreed_groups(head, squares)
+        return AggregateSample(step=step, levels=levels, den=den, nums=nums, groups=groups)
+
+    def _agreed_groups(self, head: list[float], squares: list[float]) -> tuple[GroupSignal, ...]:
+        """Rank 0's exact per-group terms; each group's sampled remainder from its coordinates' squares."""
+        spec = self.spec
+        left = [0.0] * spec.count
+        for v, g in zip(squares, self._sample_groups.tolist()):
+            if g >= 0:
+                left[g] += v
+        terms, width, out = head[HEAD + self.samples:], 1 + len(spec.ranks), []
+        for g in range(spec.count):
+            row = terms[g * width:(g + 1) * width]
+            out.append(GroupSignal(den=row[0] + self._scale * left[g], applied=row[0],
+                                   prefix=tuple(None if v < 0 else v for v in row[1:])))
+        return tuple(out)
 
     # ---- checkpoints ------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The measurement still to be sent (it belongs to the last step before the checkpoint)."""
-        return {"report": self._report.clone(), "levels": dict(self._levels), "scale": self._scale}
+        return {"report": self._report.clone(), "levels": dict(self._levels), "scale": self._scale,
+                "sample_groups": self._sample_groups.clone()}
 
     def load_state_dict(self, state: Optional[dict[str, Any]]) -> None:
         if not state or tuple(state["report"].shape) != (self.width,):
@@ -196,3 +290,6 @@ class AggregateGain:
         self._report = state["report"].clone()
         self._levels = {int(k): tuple(v) for k, v in state["levels"].items()}
         self._scale = float(state["scale"])
+        groups = state.get("sample_groups")
+        if groups is not None and tuple(groups.shape) == tuple(self._sample_groups.shape):
+            self._sample_groups = groups.clone()

@@ -87,8 +87,11 @@ class Synchronizer:
         self.running: Optional[RunningStep] = None
         self._ready_order: list[int] = []
         check_aggregate_gain(config, compressor)
-        self.aggregate = AggregateGain(compressor, self.planner, config.seed, self.world_size) \
-            if config.mode == "gravac" and config.gain_denominator == "aggregate" else None
+        groups = controller.signal_groups([(m.name, tuple(m.param.shape)) for m in self.members if m.compressible])
+        measured = groups is not None or (config.mode == "gravac" and config.gain_denominator == "aggregate")
+        self.aggregate: Optional[AggregateGain] = None
+        if measured:
+            self.aggregate = AggregateGain(compressor, self.planner, config.seed, self.world_size, groups=groups)
         compressor.wants_energies = self.aggregate is not None
         self.stats = StepStatistics(engine, self.world_size, channels.control, on_record, self.aggregate)
         self.backward_end_t = 0.0
@@ -130,6 +133,7 @@ class Synchronizer:
         step = int(self.engine.global_steps)
         self.server.discard()           # candidates of an unfinished step are never adopted
         if self.plan.frozen and self.controller.broadcast_point(step):
+            self.controller.before_proposal(step)
             size = self.controller.proposal_size()
             prop = self.controller.propose(step, self.stats.agreed_lr) if self.rank == 0 \
                 else torch.zeros(size, dtype=torch.int64)

@@ -35,7 +35,7 @@ UNIMPLEMENTED_CASES = {
 BUILT_CASES = {"pipeline": "pipeline parallelism is not supported", "moe": "MoE layers are not supported"}
 CONFIG_CASES = {
     "unknown_key": ({"windw": 5}, "Extra inputs are not permitted"),
-    "bad_mode": ({"mode": "fast"}, "Input should be 'gravac', 'static', 'accordion' or 'dense'"),
+    "bad_mode": ({"mode": "fast"}, "Input should be 'gravac', 'static', 'accordion', 'dense' or 'auto'"),
     "cf_range": ({"mode": "static", "cf": 0.5}, "cf\n  Input should be greater than or equal to 1"),
     "theta_order": ({"theta_min": 100, "theta_max": 10}, "theta_min (100) must be < theta_max (10)"),
     "window": ({"window": 30, "refresh_steps": 20}, "window (30) must be >= 2 * refresh_steps = 40"),

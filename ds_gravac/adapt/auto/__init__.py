@@ -1,6 +1,8 @@
-"""Building blocks of ``"mode": "auto"``, the goodput controller (in progress; no mode uses them yet): layer
-groups and their ladders (``ladder``), predicted time per level from the agreed cost-model fits (``timing``),
-error per level of the averaged update (``error_model``), and the budgeted plan with its hysteresis (``solver``).
+"""``"mode": "auto"``, the goodput controller (opt-in): the controller (``controller``) and its per-group signals
+(``signals``), built on layer groups and their ladders (``ladder``), predicted time per level from the agreed
+cost-model fits (``timing``), error per level of the averaged update (``error_model``), and the budgeted plan with
+its hysteresis (``solver``).
 
-The package imports from ``compress`` and ``sync.cost_model``, never the other way round.
+The package imports from ``compress`` and ``sync`` (the cost model's fits, the aggregate gain's group spec),
+never the other way round.
 """

@@ -1,4 +1,4 @@
-"""Layer groups and their ladders of levels for the goodput controller (``"mode": "auto"``, in progress).
+"""Layer groups and their ladders of levels for the goodput controller (``"mode": "auto"``).
 
 **A group is a shape class**: the compressible tensors whose matrix view (``compress.lowrank.matrix_shape``)
 is the same ``n × m``, plus one group for every 1-D tensor and a group of its own for the classifier. Not a

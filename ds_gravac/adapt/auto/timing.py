@@ -26,7 +26,7 @@ core, the codec runs on it, and gloo's threads take CPU from backward while they
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from ...compress.qsgd import QSGD as QSGDCompressor
 from ...compress.qsgd import QSGDParams
@@ -175,5 +175,16 @@ def calibrate_gemm(shapes: Sequence[tuple[int, int, int]] = ((256, 2304, 16), (5
     return least_squares(samples)
 
 
+def measure_link(probe_bytes: Sequence[int], repeats: int, channels: Any) -> FitTable:
+    """Every rank, at attach: time the all-reduce at ``probe_bytes`` on the first data channel and the ``gemm``
+    line on this core, fit both, and agree on them (MAX of each coefficient over ranks, the cost model's rule), so
+    that every rank prices the plan from the same pessimistic table."""
+    from ...sync.cost_model.calibrate import agree, collective_samples
+    from ...sync.cost_model.fits import least_squares
+    samples = collective_samples((ALL_REDUCE,), probe_bytes, repeats, channels)
+    local = FitTable({ALL_REDUCE: least_squares(samples[ALL_REDUCE]), GEMM: calibrate_gemm(repeats=repeats)})
+    return agree(local, channels)
+
+
 __all__ = ["GEMM", "LOWRANK_CALLS", "PRIOR_CODEC", "PRIOR_EDGES", "LevelCost", "Pricer", "calibrate_gemm",
-           "link_fits", "predicted_step"]
+           "link_fits", "measure_link", "predicted_step"]

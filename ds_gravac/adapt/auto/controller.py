@@ -1,0 +1,232 @@
+"""``mode: "auto"``: one low-rank level per layer group, re-planned every ``interval_steps`` under an error budget.
+
+* **Groups** (``ladder.build_groups`` over the compressed tensors, family low rank): one per matrix shape class,
+  the classifier alone; groups below ``pin_below_numel`` values and the classifier keep dense or ranks ≥ 16.
+* **Levels of a tensor**: a group's code indexes its ladder; a rank rung is the tensor's rank, the dense rung is a
+  rank no matrix can pay for (:data:`PLAIN`), which the low-rank compressors send *plain* — its values, summed in
+  the same all-reduce, and its error memory cleared. A step whose groups are all dense is a dense step (the warm
+  start then follows the exact average and every ladder rank is measured).
+* **Decision** at steps ``start + k·I``: rank 0 prices every rung (``timing.Pricer`` over the agreed fits of the
+  link timed at attach, ``timing.measure_link``, or the nominal link of ``auto.link_gbit_s``), takes every
+  rung's unsent energy from the agreed per-group signals (``signals.GroupErrors``), and solves the knapsack with
+  hysteresis (``solver.Hysteresis``) under ``β·error(reference)``, the reference being rank 16 on every group. It
+  broadcasts one int64 code per group plus the phase; every rank maps codes to per-tensor levels identically.
+* **Phases**: the budget is ``budget_tight`` for decisions within ``tight_steps`` of the start and of a drop of
+  the agreed learning rate (a step-to-step decrease by at least ``lr_drop`` of it), ``budget_quiet`` otherwise.
+
+Everything that changes replicated state happens on every rank from agreed values (``accept``, ``decide``,
+``observe``); rank 0's ``propose`` works on copies.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any, Mapping, Optional, Sequence
+
+import torch
+
+from ...errors import GravacConfigError
+from ...sync.aggregate_gain import GroupSpec
+from ...sync.cost_model.fits import ALL_REDUCE, FitTable
+from ..base import Controller, ControllerContext, StepDecision
+from .ladder import LOWRANK, RANKS, REFERENCE, Group, Level, build_groups, uniform_codes
+from .signals import GroupErrors
+from .solver import Hysteresis, totals
+from .timing import GEMM, Pricer, link_fits
+
+PLAIN = float(1 << 30)       # a rank above min(n, m): never pays, so the matrix travels plain (dense)
+FIRST_SIGNAL_STEP = 2        # step 0's signals arrive with step 1's statistics: the first plan at step 2
+STATE_VERSION = 1
+
+
+class AutoController(Controller):
+    """See the module docstring."""
+
+    mode = "auto"
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
+        a = config.auto
+        self.interval = int(a.interval_steps)
+        self.start = max(int(a.warmup_steps), FIRST_SIGNAL_STEP)
+        self.tight_steps = self.interval if a.tight_steps is None else int(a.tight_steps)
+        self.groups: list[Group] = []
+        self.codes: list[int] = []
+        self.reference: list[int] = []
+        self.signals = GroupErrors([], RANKS)
+        self.hyst = Hysteresis(0, float(a.min_gain), int(a.dwell))
+        self.decisions = 0
+        self.tight_until = self.start + self.tight_steps
+        self.prev_lr: Optional[float] = None
+        self.tight = True
+        self.last = {"time": 0.0, "ref_time": 0.0, "error": 0.0, "ref_error": 0.0, "budget": 0.0}
+        self._levels: dict[str, float] = {}
+        self._fits: Optional[FitTable] = None        # re-timed link (auto.remeasure_decisions), newer than attach's
+
+    # ---- groups (called by the synchronizer before the first plan) ----------------------------------------
+    def signal_groups(self, named_shapes: Sequence[tuple[str, Sequence[int]]]) -> GroupSpec:
+        """The groups of the compressed tensors, and what the statistics must measure for them."""
+        rate = float(self.config.compressor.params.get("min_compression_rate", 2.0))
+        self.groups = build_groups(named_shapes, families=(LOWRANK,), classifier="auto",
+                                   min_numel=int(self.config.auto.pin_below_numel), min_compression_rate=rate)
+        self.reference = uniform_codes(self.groups, Level(LOWRANK, REFERENCE[LOWRANK]))
+        self.codes = [0] * len(self.groups)
+        self.signals = GroupErrors(self.groups, RANKS)
+        self.hyst = Hysteresis(len(self.groups), self.hyst.min_gain, self.hyst.dwell)
+        self._levels = self._member_levels(self.codes)
+        return GroupSpec(members={m: g.index for g in self.groups for m in g.members}, count=len(self.groups),
+                         ranks=RANKS)
+
+    def bind(self, ctx: ControllerContext) -> None:
+        super().bind(ctx)
+        grouped = {m for g in self.groups for m in g.members}
+        if grouped != set(ctx.compressible):
+            raise GravacConfigError("ds_gravac: mode 'auto' found no groups for the compressed tensors (the "
+                                    "synchronizer did not ask for them)")
+
+    def _member_levels(self, codes: Sequence[int]) -> dict[str, float]:
+        out = {}
+        for g, c in zip(self.groups, codes):
+            level = g.ladder[c]
+            value = PLAIN if level.family != LOWRANK else float(level.value)
+            out.update({m: value for m in g.members})
+        return out
+
+    # ---- signals ------------------------------------------------------------------------------------------
+    def observe(self, stats: Any) -> None:
+        sample = stats.aggregate
+        if sample is not None and sample.groups:
+            self.signals.add(sample.groups)
+
+    def _pricer(self) -> Pricer:
+        """The agreed measured fits (the link timed at attach), else the configured nominal link; a measured
+        ``gemm`` line replaces the low-rank codec prior."""
+        world = self.ctx.world_size if self.ctx is not None else 2
+        fits = self._fits
+        if fits is None and self.ctx is not None and self.ctx.cost_fits is not None:
+            fits = self.ctx.cost_fits()
+        if not isinstance(fits, FitTable):
+            a = self.config.auto
+            return Pricer(link_fits(float(a.link_gbit_s) * 1e9, float(a.link_alpha_s), world), world)
+        codec = {LOWRANK: {GEMM: fits.get(GEMM)}} if GEMM in fits.names() else None
+        return Pricer({k: fits.get(k) for k in fits.names() if k != GEMM}, world, codec=codec)
+
+    def _tables(self, signals: GroupErrors) -> tuple[list[list[float]], list[list[float]]]:
+        return self._pricer().times(self.groups), signals.errors(self.groups)
+
+    def _budget(self, errors: list[list[float]], times: list[list[float]], tight: bool
+                ) -> tuple[float, float, float]:
+        ref_t, ref_e = totals(times, errors, self.reference)
+        beta = self.config.auto.budget_tight if tight else self.config.auto.budget_quiet
+        return ref_t, ref_e, float(beta) * ref_e
+
+    # ---- the rank-0 decision and its application -------------------------------------------------------
+    def broadcast_point(self, step: int) -> bool:
+        return step >= self.start and (step - self.start) % self.interval == 0
+
+    def before_proposal(self, step: int) -> None:
+        """Every ``remeasure_decisions``-th decision after the first, every rank re-times the link (agreed fits),
+        so the plan about to be proposed prices the network as it is now."""
+        every = int(self.config.auto.remeasure_decisions)
+        measure = self.ctx.measure_link if self.ctx is not None else None
+        if every and measure is not None and self.decisions and self.decisions % every == 0:
+            self._fits = measure()
+            link = self._fits.get(ALL_REDUCE)
+            self.log_event(step, "auto_link_measured", all_reduce_a=link.a, all_reduce_b=link.b)
+
+    def proposal_size(self) -> int:
+        return len(self.groups) + 1
+
+    def _lr_dropped(self, lr: float) -> bool:
+        """A step-to-step decrease of the agreed rate by at least ``lr_drop`` of it (a step schedule's drop; the
+        small steps of a smooth decay are not drops)."""
+        drop = float(self.config.auto.lr_drop)
+        return self.prev_lr is not None and math.isfinite(lr) and lr <= (1.0 - drop) * self.prev_lr
+
+    def propose(self, step: int, lr: float) -> torch.Tensor:
+        """Rank 0: the plan from this interval's signals (on copies: the replicated state changes in accept)."""
+        tight = int(step) < self.tight_until or self._lr_dropped(float(lr))
+        signals = copy.deepcopy(self.signals)
+        signals.close_interval()
+        codes = list(self.codes)
+        if signals.ready:
+            times, errors = self._tables(signals)
+            budget = self._budget(errors, times, tight)[2]
+            codes = list(copy.deepcopy(self.hyst).step(self.decisions, self.codes, times, errors, budget,
+                                                       reference=self.reference)[0])
+        return torch.tensor(codes + [int(tight)], dtype=torch.int64)
+
+    def accept(self, step: int, proposal: torch.Tensor) -> set[str]:
+        """Every rank: adopt rank 0's codes and phase, fold the interval's signals, record the prediction."""
+        values = [int(v) for v in proposal.reshape(-1).tolist()]
+        codes, tight = values[:-1], bool(values[-1]) if values else True
+        if len(codes) != len(self.groups) or any(not 0 <= c < len(g.ladder) for c, g in zip(codes, self.groups)):
+            raise GravacConfigError(f"ds_gravac: auto proposal {values} does not fit the {len(self.groups)} groups")
+        self.signals.close_interval()
+        switched: set[str] = set()
+        for g, (old, new) in enumerate(zip(self.codes, codes)):
+            if old != new:
+                self.hyst.changed_at[g] = self.decisions
+                switched.update(self.groups[g].members)
+        if switched:
+            self.log_event(step, "auto_switch", codes=codes, tight=tight)
+        self.decisions += 1
+        self.codes, self.tight = codes, tight
+        self._levels = self._member_levels(codes)
+        if self.signals.ready:
+            times, errors = self._tables(self.signals)
+            ref_t, ref_e, budget = self._budget(errors, times, tight)
+            t, e = totals(times, errors, codes)
+            self.last = {"time": t, "ref_time": ref_t, "error": e, "ref_error": ref_e, "budget": budget}
+        return switched
+
+    # ---- every step ---------------------------------------------------------------------------------------
+    def decide(self, step: int, lr: float, force_dense: bool = False) -> StepDecision:
+        """Track the agreed learning rate (a drop tightens the next decisions), then send the accepted codes."""
+        step, lr = int(step), float(lr)
+        if self._lr_dropped(lr):
+            self.tight_until = max(self.tight_until, step + self.tight_steps)
+            self.log_event(step, "auto_lr_drop", lr=lr, prev_lr=self.prev_lr, tight_until=self.tight_until)
+        if math.isfinite(lr):
+            self.prev_lr = lr
+        if force_dense or all(g.ladder[c].family != LOWRANK for g, c in zip(self.groups, self.codes)):
+            return StepDecision(step=step, branch="dense", send_level=1.0, forced_dense=force_dense)
+        return StepDecision(step=step, branch="cand", send_level=REFERENCE[LOWRANK], layer_levels=self._levels)
+
+    # ---- telemetry and state ------------------------------------------------------------------------------
+    def telemetry(self) -> dict[str, Any]:
+        out: dict[str, Any] = {f"auto/level/{g.name}": (float(g.ladder[c].value) if g.ladder[c].family == LOWRANK
+                                                         else 0.0) for g, c in zip(self.groups, self.codes)}
+        ref_e = self.last["ref_error"]
+        out.update({"auto/tight": int(self.tight), "auto/decisions": self.decisions,
+                    "auto/predicted_exchange_s": self.last["time"], "auto/reference_exchange_s": self.last["ref_time"],
+                    "auto/error": self.last["error"], "auto/budget": self.last["budget"],
+                    "auto/reference_error": ref_e,
+                    "auto/error_ratio": self.last["error"] / ref_e if ref_e > 0 else 0.0})
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"version": STATE_VERSION, "mode": self.mode, "groups": [g.name for g in self.groups],
+                "codes": list(self.codes), "changed_at": list(self.hyst.changed_at), "decisions": self.decisions,
+                "tight_until": self.tight_until, "prev_lr": self.prev_lr, "tight": self.tight,
+                "last": dict(self.last), "signals": self.signals.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if state.get("mode", self.mode) != self.mode:
+            raise GravacConfigError(f"ds_gravac: checkpoint holds a {state.get('mode')!r} controller state, "
+                                    f"not {self.mode!r}")
+        if list(state["groups"]) != [g.name for g in self.groups]:
+            self.log_event(int(state["decisions"]), "auto_groups_changed")     # another model: start afresh
+            return
+        self.codes = [int(c) for c in state["codes"]]
+        self.hyst.changed_at = [int(c) for c in state["changed_at"]]
+        self.decisions = int(state["decisions"])
+        self.tight_until = int(state["tight_until"])
+        self.prev_lr = None if state["prev_lr"] is None else float(state["prev_lr"])
+        self.tight = bool(state["tight"])
+        self.last = {k: float(v) for k, v in state["last"].items()}
+        self.signals.load_state_dict(state["signals"])
+        self._levels = self._member_levels(self.codes)
+
+
+__all__ = ["AutoController", "PLAIN"]

@@ -1,0 +1,104 @@
+"""The error signals of ``mode: "auto"`` per group, from agreed statistics only.
+
+Every step the statistics exchange carries, per group, what the low-rank aggregate applied (``sync/aggregate_gain.py``
+with a ``GroupSpec``): ``‖x̄_g‖²`` and the prefix energies ``Σ_{k≤r} ‖c_k‖²`` of the averaged factors at every
+ladder rank the step computed (all of them on a dense step, whose warm-start refresh projects the exact mean; the
+ranks up to the one sent on a compressed step; none for a matrix sent plain). The unsent energy of rank r is
+``‖x̄_g‖² − Σ_{k≤r} ‖c_k‖²``, as ``error_model.lowrank_unsent`` defines it.
+
+Between two decisions the steps' values are summed; at a decision each group's mean energy and, per rank, the mean
+unsent *fraction* of the steps that measured it are kept. A rank not measured in the interval keeps the fraction
+of the last interval that measured it (a group sent at rank 4 learns nothing new about rank 16), applied to the
+group's current energy; a rank never measured counts as unsending everything. All values are float64 sums in
+step order of agreed numbers, so every rank holds the same ones.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Optional, Sequence
+
+from .ladder import LOWRANK, Group
+
+
+class GroupErrors:
+    """Per group: the interval's sums, and the kept energy and unsent fractions per measured rank."""
+
+    def __init__(self, groups: Sequence[Group], ranks: Sequence[int]) -> None:
+        self.ranks = tuple(int(r) for r in ranks)
+        self.count = len(groups)
+        self.energy = [0.0] * self.count              # mean ‖x̄_g‖² of the last interval with samples
+        self.measured = [False] * self.count
+        self.frac = [[-1.0] * len(self.ranks) for _ in range(self.count)]    # -1: never measured
+        self._reset_sums()
+
+    def _reset_sums(self) -> None:
+        self.sum_energy = [0.0] * self.count
+        self.n_energy = [0] * self.count
+        self.sum_unsent = [[0.0] * len(self.ranks) for _ in range(self.count)]
+        self.sum_den = [[0.0] * len(self.ranks) for _ in range(self.count)]
+
+    def add(self, signals: Sequence[Any]) -> None:
+        """One step's agreed ``GroupSignal`` per group."""
+        if len(signals) != self.count:
+            return
+        for g, sig in enumerate(signals):
+            den = float(sig.den)
+            if not math.isfinite(den) or den < 0:
+                continue
+            self.sum_energy[g] += den
+            self.n_energy[g] += 1
+            for j, captured in enumerate(sig.prefix):
+                if captured is not None and math.isfinite(float(captured)):
+                    self.sum_unsent[g][j] += max(0.0, den - float(captured))   # clamped: ‖x̄_g‖² is sampled
+                    self.sum_den[g][j] += den
+
+    def close_interval(self) -> None:
+        """Fold the interval's sums into the kept energies and fractions (a decision point)."""
+        for g in range(self.count):
+            if self.n_energy[g]:
+                self.energy[g] = self.sum_energy[g] / self.n_energy[g]
+                self.measured[g] = True
+            for j in range(len(self.ranks)):
+                if self.sum_den[g][j] > 0:
+                    self.frac[g][j] = min(1.0, self.sum_unsent[g][j] / self.sum_den[g][j])
+        self._reset_sums()
+
+    @property
+    def ready(self) -> bool:
+        """Every group has an energy (else nothing is known about some group: no plan)."""
+        return all(self.measured)
+
+    def errors(self, groups: Sequence[Group]) -> list[list[float]]:
+        """Unsent energy of every rung of every ladder: 0 for dense, ``fraction(r)·energy`` for rank r."""
+        pos = {r: j for j, r in enumerate(self.ranks)}
+        out = []
+        for g, group in enumerate(groups):
+            row = []
+            for level in group.ladder:
+                if level.family != LOWRANK:
+                    row.append(0.0)
+                    continue
+                f = self.frac[g][pos[int(level.value)]]
+                row.append((1.0 if f < 0 else f) * self.energy[g])
+            out.append(row)
+        return out
+
+    # ---- state ----------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"energy": list(self.energy), "measured": list(self.measured), "frac": [list(r) for r in self.frac],
+                "sum_energy": list(self.sum_energy), "n_energy": list(self.n_energy),
+                "sum_unsent": [list(r) for r in self.sum_unsent], "sum_den": [list(r) for r in self.sum_den]}
+
+    def load_state_dict(self, state: Optional[Mapping[str, Any]]) -> None:
+        if not state or len(state["energy"]) != self.count:
+            return
+        self.energy = [float(v) for v in state["energy"]]
+        self.measured = [bool(v) for v in state["measured"]]
+        self.frac = [[float(v) for v in r] for r in state["frac"]]
+        self.sum_energy = [float(v) for v in state["sum_energy"]]
+        self.n_energy = [int(v) for v in state["n_energy"]]
+        self.sum_unsent = [[float(v) for v in r] for r in state["sum_unsent"]]
+        self.sum_den = [[float(v) for v in r] for r in state["sum_den"]]
+
+
+__all__ = ["GroupErrors"]

@@ -1,0 +1,208 @@
+"""``mode: "auto"`` over PowerSGD on real gloo ranks and DeepSpeed engines: both ranks apply rank 0's codes every
+step, the plan moves from the tight start (dense) to a compressed plan, a learning-rate drop tightens the next
+decision, and a checkpoint resume restores the plan bitwise and continues exactly as the uninterrupted run.
+
+One spawn of two ranks runs everything: an uninterrupted run of ``STEPS`` steps with the learning rate divided by
+10 before step ``DROP``, and the same run saved after ``SAVE`` steps and resumed in a fresh engine.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+import models as M
+from harness import run_ranks
+
+# a nominal 10 Mbit/s link, so that compressing the 128 × 128 layers pays on this tiny model (and the plans do not
+# depend on this machine's timing: the resumed run must repeat the uninterrupted one)
+AUTO = {"mode": "auto", "compressor": "powersgd", "bucket_cap_mb": 0.05, "min_compress_numel": 0,
+        "agreement_check_interval": 1,
+        "auto": {"interval_steps": 4, "dwell": 1, "pin_below_numel": 0, "link": "nominal", "link_gbit_s": 0.01}}
+# the link timed at attach, and again at the second decision (step 4)
+MEASURED = {**AUTO, "auto": {"interval_steps": 2, "pin_below_numel": 0, "remeasure_decisions": 1}}
+STEPS, DROP, SAVE = 20, 12, 9
+DECISIONS = (2, 6, 10, 14, 18)        # start 2 (the first signals), then every 4 steps
+
+
+def _engine(world: int, section: dict = AUTO) -> Any:
+    import ds_gravac
+    model = M.make_model(seed=0, width=128)
+    engine, *_ = ds_gravac.initialize(model=model, model_parameters=model.parameters(),
+                                      config=M.ds_config(section, world=world))
+    return engine
+
+
+def _train(engine: Any, rank: int, start: int, stop: int) -> None:
+    """Steps [start, stop); the learning rate drops 10x before step DROP (a scheduler step on every rank)."""
+    for s in range(start, stop):
+        if s == DROP:
+            for group in engine.optimizer.param_groups:
+                group["lr"] *= 0.1
+        M.train(engine, rank, 1, start=s)
+
+
+def _records(engine: Any) -> list[dict]:
+    import ds_gravac
+    keep = ("step", "branch", "bytes_sent", "nonfinite")
+    return [{k: v for k, v in r.items() if k in keep or k.startswith("auto/")}
+            for r in ds_gravac.get_handle(engine).pop_stats()]
+
+
+PROBE = 3          # a dense step (the tight start): its agreed per-group energy is exactly ‖ḡ_g‖²
+
+
+def _watch(engine: Any, rank_grads: dict, signals: dict) -> None:
+    """Keep this rank's local gradients of step PROBE, and every agreed per-group signal the controller observes."""
+    import ds_gravac
+    for name, p in engine.module.named_parameters():
+        p.register_hook(lambda g, name=name: rank_grads.__setitem__(name, g.detach().double().clone())
+                        if engine.global_steps == PROBE else None)
+    ctl = ds_gravac.get_handle(engine).controller
+    observe = ctl.observe
+
+    def watched(stats: Any) -> None:
+        if stats.aggregate is not None:
+            signals[stats.aggregate.step] = [(s.den, s.applied, s.prefix) for s in stats.aggregate.groups]
+        observe(stats)
+    ctl.observe = watched
+
+
+def _job(rank: int, world: int, save_dir: str) -> dict:
+    import ds_gravac
+    straight = _engine(world)
+    grads: dict = {}
+    signals: dict = {}
+    _watch(straight, grads, signals)
+    _train(straight, rank, 0, STEPS)
+    members = {g.name: (list(g.members), [int(lv.value) for lv in g.ladder if lv.family == "lowrank"])
+               for g in ds_gravac.get_handle(straight).controller.groups}
+    first = _engine(world)
+    _train(first, rank, 0, SAVE)
+    handle = ds_gravac.get_handle(first)
+    saved_state = handle.controller.state_dict()
+    handle.save_checkpoint(save_dir, tag="auto")
+    resumed = _engine(world)
+    ds_gravac.get_handle(resumed).load_checkpoint(save_dir, tag="auto")
+    loaded_state = ds_gravac.get_handle(resumed).controller.state_dict()
+    _train(resumed, rank, SAVE, STEPS)
+    measured = _engine(world, MEASURED)
+    M.train(measured, rank, 5)
+    ctl = ds_gravac.get_handle(measured).controller
+    fits = ctl.ctx.cost_fits()
+    before_poison, records, params = ctl.state_dict(), _records(measured), M.params_of(measured)
+    events = [e for e in ds_gravac.get_handle(measured).pop_events() if e["event"] == "auto_link_measured"]
+    remeasured = {k: (ctl._pricer().link[k].a, ctl._pricer().link[k].b) for k in ("all_reduce",)}
+    # step 5 (no decision point): rank 1's gradient of one tensor is NaN; nothing of the step may reach the state
+    measured.module.hidden[0].weight.register_hook(
+        lambda g: g.clone().fill_(float("nan")) if rank == 1 and measured.global_steps == 5 else g)
+    M.train(measured, rank, 1, start=5)
+    return {"measured_fits": {k: (fits.get(k).a, fits.get(k).b) for k in fits.names()},
+            "measured_records": records, "measured_params": params, "before_poison": before_poison,
+            "link_events": events, "remeasured": remeasured,
+            "after_poison": ctl.state_dict(), "poisoned_record": _records(measured)[-1],"params": M.params_of(straight), "records": _records(straight),
+            "resumed_params": M.params_of(resumed), "resumed_records": _records(resumed),
+            "saved_state": saved_state, "loaded_state": loaded_state, "members": members, "grads": grads,
+            "signals": signals}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    return run_ranks(_job, 2, str(tmp_path_factory.mktemp("auto_ckpt")))
+
+
+def _by_step(records: list[dict]) -> dict[int, dict]:
+    return {int(r["step"]): r for r in records}
+
+
+def test_ranks_apply_the_same_codes_and_params(results: list[dict]) -> None:
+    r0, r1 = results
+    assert len(r0["records"]) == STEPS
+    assert r0["records"] == r1["records"]         # codes, phase, predictions, bytes: every step, both ranks
+    for name, value in r0["params"].items():
+        assert torch.equal(value, r1["params"][name]), name
+
+
+def test_group_signals_of_a_dense_step_are_the_mean_gradients_energy(results: list[dict]) -> None:
+    """Independent float64 reference: ‖mean over ranks of g_w‖² per group, from each rank's local gradients."""
+    r0, r1 = results
+    assert r0["signals"] == r1["signals"]           # agreed: bitwise the same on both ranks
+    assert set(r0["signals"]) == set(range(STEPS - 1))      # step i's signals arrive with step i + 1
+    from ds_gravac.adapt.auto.ladder import RANKS
+    for g, (name, (members, ladder)) in enumerate(r0["members"].items()):
+        # a parameter without a gradient ("unused") is averaged as zeros
+        mean_sq = sum(float(((r0["grads"][m] + r1["grads"][m]) / 2).square().sum()) for m in members
+                      if m in r0["grads"])
+        den, applied, prefix = r0["signals"][PROBE][g]
+        assert den == pytest.approx(mean_sq, rel=1e-5), name
+        assert applied == pytest.approx(mean_sq, rel=1e-5), name
+        known = [p for p in prefix if p is not None]
+        # a dense step measures every rank up to the factors' width: every rank of the group's ladder
+        assert all(prefix[RANKS.index(r)] is not None for r in ladder), name
+        assert all(0.0 <= p <= den * (1 + 1e-6) for p in known), name
+        assert known == sorted(known, reverse=True), name       # RANKS are listed from 64 down: prefixes shrink
+
+
+def test_tight_start_then_a_compressed_plan(results: list[dict]) -> None:
+    recs = _by_step(results[0]["records"])
+    hidden = "auto/level/128x128"
+    assert hidden in recs[2]
+    # the tight start (β 0.25 of rank 16's unsent energy) keeps the hidden layers dense ...
+    assert recs[2]["auto/tight"] == 1 and recs[2][hidden] == 0.0 and recs[2]["branch"] == "dense"
+    # ... the first quiet decision compresses them, and the step's bytes fall with it
+    assert recs[6]["auto/tight"] == 0 and recs[6][hidden] > 0 and recs[6]["branch"] == "cand"
+    assert recs[6]["bytes_sent"] < recs[2]["bytes_sent"]
+    assert recs[6]["auto/error"] <= recs[6]["auto/budget"]
+    for s in range(STEPS):          # codes change only at decision points
+        if s not in DECISIONS and s > 0:
+            assert {k: v for k, v in recs[s].items() if k.startswith("auto/level/")} == \
+                {k: v for k, v in recs[s - 1].items() if k.startswith("auto/level/")}, s
+
+
+def test_lr_drop_tightens_the_next_decision(results: list[dict]) -> None:
+    recs = _by_step(results[0]["records"])
+    before, after = recs[10], recs[14]          # the last decision before the drop (step 12), the first after
+    assert before["auto/tight"] == 0 and after["auto/tight"] == 1
+    # "denser" by error: the plan's predicted unsent energy relative to rank 16 everywhere, same signals' units
+    assert after["auto/error_ratio"] <= before["auto/error_ratio"]
+    assert after["auto/error"] <= after["auto/budget"]
+    assert after["auto/budget"] == 0.25 * after["auto/reference_error"] > 0       # β tight, of rank 16's error
+    assert before["auto/budget"] == before["auto/reference_error"] > 0             # β quiet
+    assert recs[18]["auto/tight"] == 0          # quiet again one interval later
+
+
+def test_measured_link_is_agreed(results: list[dict]) -> None:
+    """``auto.link: "measure"``: both ranks price from the same fits (MAX over ranks), and decide alike."""
+    r0, r1 = results
+    assert r0["measured_fits"] == r1["measured_fits"]
+    assert set(r0["measured_fits"]) == {"all_reduce", "gemm"}
+    assert all(v >= 0.0 for fit in r0["measured_fits"].values() for v in fit)
+    assert r0["measured_fits"]["all_reduce"][1] > 0 and r0["measured_fits"]["gemm"][1] > 0
+    assert r0["measured_records"] == r1["measured_records"]
+    # re-timed at the second decision only, on both ranks alike; the plan prices the new fit
+    assert [e["step"] for e in r0["link_events"]] == [4] and r0["link_events"] == r1["link_events"]
+    new = (r0["link_events"][0]["all_reduce_a"], r0["link_events"][0]["all_reduce_b"])
+    assert r0["remeasured"]["all_reduce"] == new == r1["remeasured"]["all_reduce"]
+    assert [r["auto/decisions"] for r in r0["measured_records"]] == [0, 0, 1, 1, 2]
+    assert r0["measured_records"][2]["auto/reference_exchange_s"] > 0
+    for name, value in r0["measured_params"].items():
+        assert torch.equal(value, r1["measured_params"][name]), name
+
+
+def test_a_nonfinite_step_leaves_the_controller_untouched(results: list[dict]) -> None:
+    for res in results:
+        assert res["poisoned_record"]["step"] == 5 and res["poisoned_record"]["nonfinite"] == 1
+        assert res["after_poison"] == res["before_poison"]     # codes, phase, signal sums: as before the step
+        assert res["before_poison"]["signals"]["n_energy"] != [0] * len(res["before_poison"]["codes"])
+
+
+def test_resume_restores_the_plan_and_matches(results: list[dict]) -> None:
+    for res in results:
+        assert res["loaded_state"] == res["saved_state"]          # codes, dwell, phase, lr, signals: bitwise
+        assert res["saved_state"]["decisions"] == 2 and any(res["saved_state"]["codes"])
+        for name, value in res["params"].items():
+            assert torch.equal(value, res["resumed_params"][name]), name
+        straight = _by_step(res["records"])
+        for rec in res["resumed_records"]:
+            assert rec == straight[int(rec["step"])], rec["step"]

@@ -1,0 +1,214 @@
+"""``mode: "auto"`` in one process: its config keys (each error names the key, the value and the allowed range;
+the documented defaults are the code's), and the controller's plan against an injected link — the same signals
+compress more on a slow link than on a fast one (the "link change re-plans" test at unit level)."""
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from ds_gravac.adapt.auto.controller import PLAIN, AutoController
+from ds_gravac.adapt.auto.ladder import LOWRANK, RANKS
+from ds_gravac.adapt.auto.timing import Pricer, link_fits
+from ds_gravac.adapt.base import ControllerContext
+from ds_gravac.config import AutoConfig, parse_config
+from ds_gravac.errors import GravacConfigError
+from ds_gravac.sync.aggregate_gain import AggregateSample, GroupSignal
+from ds_gravac.sync.cost_model.fits import FitTable
+from ds_gravac.telemetry.stats import AgreedStats
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
+
+
+# ---- config ----------------------------------------------------------------------------------------------------
+def test_mode_auto_is_a_choice_not_an_unset_value() -> None:
+    """``"auto"`` means "not set" for every other key (Hugging Face); for ``mode`` it names the controller."""
+    assert parse_config({"mode": "auto", "compressor": "powersgd"}).mode == "auto"
+    assert parse_config({"cf": "auto"}).cf == 100
+
+
+@pytest.mark.parametrize("key, value, allowed", [
+    ("interval_steps", 0, "greater than or equal to 1"),
+    ("warmup_steps", -1, "greater than or equal to 0"),
+    ("tight_steps", -2, "greater than or equal to 0"),
+    ("dwell", 1001, "less than or equal to 1000"),
+    ("min_gain", 1.0, "less than 1"),
+    ("budget_quiet", 0.0, "greater than 0"),
+    ("budget_tight", -0.5, "greater than or equal to 0"),
+    ("pin_below_numel", -1, "greater than or equal to 0"),
+    ("link_gbit_s", 0.0, "greater than 0"),
+    ("link_alpha_s", 2.0, "less than or equal to 1"),
+    ("link", "guess", "'measure' or 'nominal'"),
+    ("interval_steps", "50", "valid integer"),
+])
+def test_auto_key_errors_name_key_value_and_range(key: str, value: object, allowed: str) -> None:
+    with pytest.raises(GravacConfigError) as info:
+        parse_config({"mode": "auto", "auto": {key: value}})
+    text = str(info.value)
+    assert f"key auto.{key}:" in text and allowed in text and f"input_value={value!r}" in text
+
+
+def test_auto_unknown_key_and_cross_rule() -> None:
+    with pytest.raises(GravacConfigError, match=r"(?s)key auto\.interval: .*Extra inputs are not permitted"):
+        parse_config({"mode": "auto", "auto": {"interval": 5}})
+    with pytest.raises(GravacConfigError, match=r"auto\.budget_tight \(2\) must be <= auto\.budget_quiet \(1\)"):
+        parse_config({"mode": "auto", "auto": {"budget_tight": 2.0}})
+
+
+def test_auto_refuses_other_compressors_at_attach() -> None:
+    from ds_gravac.integration.engine import build_compressor
+
+    with pytest.raises(GravacConfigError, match=r"mode 'auto' .* supports powersgd .* not 'topk' .*\"compressor\""):
+        build_compressor(parse_config({"mode": "auto", "compressor": "topk"}))
+    with pytest.raises(GravacConfigError, match=r'key "compressor.params.rank" \(8\) is not read by mode .auto.'):
+        build_compressor(parse_config({"mode": "auto", "compressor": {"type": "powersgd", "params": {"rank": 8}}}))
+    comp = build_compressor(parse_config({"mode": "auto", "compressor": "powersgd"}))
+    assert (comp.level_kind, comp.bound) == ("rank", float(RANKS[0]))
+
+
+def test_the_dense_rung_sends_a_matrix_plain_and_a_rank_rung_at_its_rank() -> None:
+    """What PowerSGD, bound by auto's mode, makes of the levels the controller gives a tensor."""
+    from ds_gravac.adapt.auto.ladder import build_groups
+    from ds_gravac.integration.engine import build_compressor
+
+    comp = build_compressor(parse_config({"mode": "auto", "compressor": "powersgd"}))
+    for group in build_groups(SHAPES, families=(LOWRANK,)):
+        n, m = group.shape
+        plain = comp.tensor_plan((n, m), PLAIN)
+        assert (plain.get("rank"), plain.words) == (0, n * m), group.name          # its values, no factors
+        for level in group.ladder[1:]:
+            assert comp.tensor_plan((n, m), level.value).get("rank") == int(level.value), (group.name, level)
+
+
+def test_documented_auto_defaults_are_the_codes() -> None:
+    """Every ``auto.*`` row of docs/configuration.md states the default the schema has."""
+    rows = re.findall(r"^\| `auto\.(\w+)` \| `([^`]+)`", DOCS.read_text(), flags=re.M)
+    documented = {k: v for k, v in rows}
+    assert set(documented) == set(AutoConfig.model_fields)
+    for key, field in AutoConfig.model_fields.items():
+        assert json.loads(documented[key]) == field.default, key
+
+
+# ---- the plan against an injected link ---------------------------------------------------------------------------
+SHAPES = [("stem.weight", (64, 3, 7, 7)), *[(f"a{i}.weight", (256, 2304)) for i in range(4)],
+          *[(f"b{i}.weight", (512, 4608)) for i in range(3)], ("fc.weight", (100, 2048))]
+
+
+def _signals(ctl: AutoController) -> tuple[GroupSignal, ...]:
+    """A dense step's signals: every group's energy and prefix energies of a spectrum ‖c_k‖² ∝ 1/k."""
+    out = []
+    for g in ctl.groups:
+        n, m = g.shape
+        width = min(n, m, RANKS[0])
+        spectrum = [1.0 / k for k in range(1, min(n, m) + 1)]
+        energy = 10.0 * g.count
+        scale = energy / sum(spectrum)
+        prefix = tuple(scale * sum(spectrum[:r]) if r <= width else None for r in RANKS)
+        out.append(GroupSignal(den=energy, applied=energy, prefix=prefix))
+    return tuple(out)
+
+
+def _controller(rate_bit_s: float, remeasured_bit_s: float = 0.0) -> AutoController:
+    """Signals of three steps observed; the link at ``rate_bit_s``, re-timed at ``remeasured_bit_s`` (every
+    decision after the first) when given."""
+    auto = {"interval_steps": 10, "dwell": 0, "remeasure_decisions": 1 if remeasured_bit_s else 0}
+    ctl = AutoController(parse_config({"mode": "auto", "compressor": "powersgd", "auto": auto}))
+    ctl.signal_groups(SHAPES)
+    fits = FitTable(link_fits(rate_bit_s, 1e-4, 2))
+    later = FitTable(link_fits(remeasured_bit_s or rate_bit_s, 1e-4, 2))
+    ctl.bind(ControllerContext(world_size=2, samples_per_step=32, realize_cf=float, cf_grid=None,
+                               multilevel="none", gain_kind="projection", level_kind="rank",
+                               compressible=tuple(n for n, _ in SHAPES), cost_fits=lambda: fits,
+                               measure_link=lambda: later))
+    for step in range(3):
+        sample = AggregateSample(step=step, levels=(), den=0.0, nums=(), groups=_signals(ctl))
+        ctl.observe(AgreedStats(step=step + 1, decision=None, den=0.0, den_raw=0.0, nums=(), t_iter_prev=0.0,
+                                t_gain_prev=0.0, values_sent=0.0, bytes_sent=0.0, nonfinite=0.0, world_size=2,
+                                aggregate=sample))
+    return ctl
+
+
+def _plan(rate_bit_s: float) -> tuple[AutoController, list[int], float]:
+    ctl = _controller(rate_bit_s)
+    quiet = ctl.tight_until                     # the first decision after the tight start
+    proposal = ctl.propose(quiet, 0.1)
+    ctl.accept(quiet, proposal)
+    codes = ctl.codes
+    payload = Pricer(FitTable(link_fits(rate_bit_s, 1e-4, 2)), 2).payload(ctl.groups, codes)
+    return ctl, codes, payload
+
+
+def test_a_slow_link_compresses_more_than_a_fast_one() -> None:
+    slow, slow_codes, slow_bytes = _plan(1e8)       # 100 Mbit/s
+    fast, fast_codes, fast_bytes = _plan(1e11)      # 100 Gbit/s
+    assert not slow.tight and not fast.tight
+    assert slow_bytes < fast_bytes
+    assert any(c > 0 for c in slow_codes)           # something is compressed on the slow link
+    for ctl in (slow, fast):                        # within the quiet budget: rank 16's error everywhere
+        assert ctl.last["error"] <= ctl.last["budget"] == ctl.last["ref_error"]
+        assert ctl.last["time"] <= ctl.last["ref_time"]                   # the reference is always a candidate
+    # the codes reach the tensors: a rank rung as the rank, the dense rung as a rank no matrix pays for (plain)
+    decision = slow.decide(slow.tight_until, 0.1)
+    for g, c in zip(slow.groups, slow_codes):
+        level = g.ladder[c]
+        want = float(level.value) if level.family == LOWRANK else PLAIN
+        assert all(decision.level_for(m) == want for m in g.members)
+    assert all(math.isfinite(v) for v in slow.last.values())
+
+
+def test_a_link_change_re_plans_at_the_next_decision() -> None:
+    """Fast at attach, 1000x slower when re-timed: the first quiet plan is the fast link's, the next decision
+    (which re-times the link first) is the slow link's plan."""
+    ctl = _controller(1e11, remeasured_bit_s=1e8)
+    fast_codes = _plan(1e11)[1]
+    slow_codes = _plan(1e8)[1]
+    assert fast_codes != slow_codes
+    step = ctl.tight_until
+    for expected in (fast_codes, slow_codes):
+        ctl.before_proposal(step)
+        ctl.accept(step, ctl.propose(step, 0.1))
+        assert ctl.codes == expected
+        step += ctl.interval
+    assert [e["event"] for e in ctl.pop_events() if e["event"] == "auto_link_measured"] == ["auto_link_measured"]
+
+
+def test_a_step_drop_of_the_learning_rate_tightens_a_smooth_decay_does_not() -> None:
+    ctl = _controller(1e8)
+    quiet = ctl.tight_until
+    for step, lr in enumerate([0.1, 0.099, 0.0985, 0.098], start=quiet):     # cosine-like: < 20% per step
+        ctl.decide(step, lr)
+    assert ctl.tight_until == quiet and not bool(ctl.propose(quiet + 4, 0.098)[-1])
+    assert bool(ctl.propose(quiet + 4, 0.0098)[-1])         # rank 0 sees the drop at the decision itself ...
+    ctl.decide(quiet + 4, 0.0098)
+    assert ctl.tight_until == quiet + 4 + ctl.interval      # ... and every rank keeps it tight for I steps
+    assert bool(ctl.propose(quiet + 4 + ctl.interval - 1, 0.0098)[-1])
+    assert not bool(ctl.propose(quiet + 4 + ctl.interval, 0.0098)[-1])
+
+
+def test_group_errors_average_the_interval_and_keep_unmeasured_ranks() -> None:
+    """Worked by hand: fractions are Σ unsent / Σ energy over the steps that measured the rank; a rank not measured
+    in an interval keeps its fraction, applied to the new energy; a rank never measured counts as all unsent."""
+    from ds_gravac.adapt.auto.ladder import build_groups
+    from ds_gravac.adapt.auto.signals import GroupErrors
+
+    groups = build_groups([("w", (256, 128))], families=(LOWRANK,), classifier=None, min_numel=0)
+    assert [int(lv.value) for lv in groups[0].ladder[1:]] == [32, 16, 8, 4, 2]
+    errs = GroupErrors(groups, RANKS)
+
+    def signal(den: float, captured: dict) -> tuple:
+        return (GroupSignal(den=den, applied=den, prefix=tuple(captured.get(r) for r in RANKS)),)
+
+    errs.add(signal(10.0, {16: 8.0, 8: 6.0, 4: 4.0, 2: 2.0}))      # sent at rank 16: ranks <= 16 measured
+    errs.add(signal(20.0, {16: 18.0, 8: 14.0}))                    # only 16 and 8 measured
+    assert not errs.ready
+    errs.close_interval()
+    assert errs.ready and errs.energy == [15.0]
+    assert errs.errors(groups)[0] == pytest.approx([0.0, 15.0, 15.0 * 4 / 30, 15.0 * 10 / 30, 15.0 * 6 / 10,
+                                                    15.0 * 8 / 10], rel=1e-15)
+    errs.add(signal(30.0, {}))                                      # sent plain: nothing but the energy
+    errs.close_interval()
+    assert errs.errors(groups)[0] == pytest.approx([0.0, 30.0, 30.0 * 4 / 30, 30.0 * 10 / 30, 30.0 * 6 / 10,
+                                                    30.0 * 8 / 10], rel=1e-15)
