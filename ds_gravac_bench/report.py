@@ -245,9 +245,12 @@ def write_steps_csv(results: dict[str, Any], path: Path) -> None:
 
 def report(outdir: Path) -> dict[str, Any]:
     """(Re)build results.json, results.md and plots from ``outdir/meta.json`` and the step files."""
+    from runners.auto_heatmap import plot as auto_heatmap
+
     meta = json.loads((outdir / "meta.json").read_text())
-    systems = [system_summary(sid, read_steps(outdir / "systems" / sid / "steps.jsonl"),
-                              {**m, "gravac": run_section(outdir, sid)}) for sid, m in meta["systems"].items()]
+    records = {sid: read_steps(outdir / "systems" / sid / "steps.jsonl") for sid in meta["systems"]}
+    systems = [system_summary(sid, records[sid], {**m, "gravac": run_section(outdir, sid)})
+               for sid, m in meta["systems"].items()]
     bw = meta["network"].get("measured_mbit")
     target = add_comparisons(systems, bw * 1e6 if bw else None)
     results = {"env": meta["env"], "network": meta["network"], "model": meta["model"], "N": meta["N"],
@@ -257,4 +260,6 @@ def report(outdir: Path) -> dict[str, Any]:
     (outdir / "results.md").write_text(markdown(results))
     write_steps_csv(results, outdir / "steps_loss_time.csv")
     plots(results, outdir / "plots")
+    for sid, recs in records.items():        # mode auto systems: the allocation over training
+        auto_heatmap(recs, outdir / "plots" / f"auto_levels_{sid}.png", title=f"auto: level per group ({sid})")
     return results

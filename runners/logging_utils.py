@@ -9,10 +9,13 @@ import argparse
 import json
 import math
 import os
+from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from ds_gravac.adapt.base import BRANCH_CODES
 from ds_gravac.telemetry.sinks import JsonlSink, numeric_metrics
+
+from .auto_heatmap import PREFIX as AUTO_LEVEL
 
 CODEC_TIMES = ("stage_s", "compress_s", "decompress_s", "writeback_s")
 LOSS_EWMA_ALPHA = 0.1          # loss smoothing, the same the benchmark report uses for time-to-target
@@ -166,6 +169,7 @@ class MetricsLogger:
                  resumed: bool) -> None:
         self.is_main, self.args = is_main, args
         self.summary = Summary()
+        self.auto_levels = False
         self.jsonl_path = os.path.join(args.log_dir, "steps.jsonl")
         self._sink: Optional[JsonlSink] = None
         self._events: Optional[JsonlSink] = None
@@ -204,6 +208,7 @@ class MetricsLogger:
         if not self.is_main:
             return
         self.summary.add(record)
+        self.auto_levels = self.auto_levels or any(k.startswith(AUTO_LEVEL) for k in record)
         assert self._sink is not None
         self._sink.write(record)
         if self.run is not None:
@@ -245,5 +250,9 @@ class MetricsLogger:
                 sink.close()
         if self.run is not None:
             self.run.finish()
+        if self.auto_levels:        # mode auto: the allocation over training beside the records
+            from .auto_heatmap import plot, read_records
+            plot(read_records(Path(self.jsonl_path)), Path(self.jsonl_path).with_name("auto_levels.png"),
+                 title=f"auto: level per group ({self.args.run_name or self.args.system})")
         print("\n".join(self.summary.lines(header, clipping, self.wandb_dir, self.jsonl_path,
                                            getattr(self.args, "compare_to", None))), flush=True)

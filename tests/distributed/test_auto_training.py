@@ -101,7 +101,8 @@ def _job(rank: int, world: int, save_dir: str) -> dict:
     return {"measured_fits": {k: (fits.get(k).a, fits.get(k).b) for k in fits.names()},
             "measured_records": records, "measured_params": params, "before_poison": before_poison,
             "link_events": events, "remeasured": remeasured,
-            "after_poison": ctl.state_dict(), "poisoned_record": _records(measured)[-1],"params": M.params_of(straight), "records": _records(straight),
+            "after_poison": ctl.state_dict(), "poisoned_record": _records(measured)[-1],
+            "params": M.params_of(straight), "records": _records(straight),
             "resumed_params": M.params_of(resumed), "resumed_records": _records(resumed),
             "saved_state": saved_state, "loaded_state": loaded_state, "members": members, "grads": grads,
             "signals": signals}
@@ -206,3 +207,14 @@ def test_resume_restores_the_plan_and_matches(results: list[dict]) -> None:
         straight = _by_step(res["records"])
         for rec in res["resumed_records"]:
             assert rec == straight[int(rec["step"])], rec["step"]
+
+
+def test_heatmap_of_the_allocation(results: list[dict], tmp_path) -> None:
+    """The run's per-group levels, step by step, are what runners/auto_heatmap.py draws."""
+    from runners.auto_heatmap import level_grid, plot
+    records = results[0]["records"]
+    groups, steps, grid = level_grid(records)
+    assert steps == [int(r["step"]) for r in records] and "128x128" in groups
+    for g, row in zip(groups, grid):
+        assert row == [r[f"auto/level/{g}"] for r in records], g
+    assert plot(records, tmp_path / "auto_levels.png").stat().st_size > 0
