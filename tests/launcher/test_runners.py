@@ -9,6 +9,7 @@ import glob
 import json
 import os
 import re
+import shutil
 import socket
 import struct
 import subprocess
@@ -272,14 +273,17 @@ def test_ddp_powersgd_runs_and_resumes_exactly(work: dict, full: dict, tmp_path:
     """PowerSGD starts at iteration 10; its error memory follows DDP's rebuilt bucket layout across a resume."""
     common = [CIFAR, "--deepspeed_config", work["config"], "--micro-batch", "8", "--system", "ddp_powersgd",
               "--no-wandb", "--eval-every", "-1"] + TINY_CIFAR
-    whole = launch(common + ["--steps", "13", "--save-dir", str(tmp_path / "c"), "--log-dir", str(tmp_path / "lc")])
+    whole = launch(common + ["--steps", "13", "--save-dir", str(tmp_path / "c"), "--save-every", "11",
+                             "--log-dir", str(tmp_path / "lc")])
     assert "== train_cifar summary: system ddp_powersgd, model tiny_cnn" in whole.stdout
     records = _jsonl(str(tmp_path / "lc" / "steps.jsonl"))
     assert records[0]["loss"] == _jsonl(os.path.join(full["dir"], "log", "steps.jsonl"))[0]["loss"]
     ring, factors = _powersgd_values(rank=4)
     assert all(r["bytes_sent"] == r["dense_bytes"] == ring for r in records[:10]), "vanilla all-reduce first"
     assert records[-1]["bytes_sent"] == pytest.approx(factors) and factors < ring / 2
-    launch(common + ["--steps", "11", "--save-dir", str(tmp_path / "a"), "--log-dir", str(tmp_path / "la")])
+    # the uninterrupted run's step-11 checkpoint, alone in a directory whose "latest" names it: a run stopped there
+    shutil.copytree(tmp_path / "c" / "step11", tmp_path / "a" / "step11")
+    (tmp_path / "a" / "latest").write_text("step11")
     launch(common + ["--steps", "13", "--resume", str(tmp_path / "a"), "--save-dir", str(tmp_path / "b"),
                      "--log-dir", str(tmp_path / "lb")])
     saved = torch.load(str(tmp_path / "a" / "step11" / "runner_rank00001.pt"), weights_only=False)
