@@ -59,8 +59,10 @@ OURS = ("gv_default", "gv_powersgd_r4", "gv_topk_100", "gv_gravac")
 
 
 def _schedule(steps: int, warmup: int, eval_every: int, eval_batches: int) -> tuple[str, ...]:
+    """The long tasks' schedule and evaluations; the last one on the whole held-out split (top-1 on 2,560 images
+    has a binomial sd of 0.9 point at 30%, larger than the 0.5-point margin of the held-out target)."""
     return ("--lr-warmup", str(warmup), "--lr-decay-at", "0.5,0.75", "--eval-every", str(eval_every),
-            "--eval-batches", str(eval_batches))
+            "--eval-batches", str(eval_batches), "--final-eval-batches", "0")
 
 
 TASKS = {

@@ -77,6 +77,9 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--eval-every", type=int, default=0,
                    help="evaluate every N optimizer steps (0: only after the last step; -1: never)")
     p.add_argument("--eval-batches", type=int, default=20, help="evaluation batches per rank (0: whole split)")
+    p.add_argument("--final-eval-batches", type=int, default=None,
+                   help="evaluation batches per rank after the last step (0: whole split; default --eval-batches): "
+                        "a final metric finer than the periodic ones")
     p.add_argument("--save-dir", default=None, help="write checkpoints here (tags step<N>)")
     p.add_argument("--save-every", type=int, default=0,
                    help="checkpoint every N optimizer steps (0: only after the last step); needs --save-dir")
@@ -106,6 +109,9 @@ def finish_parser(parser: argparse.ArgumentParser, argv: Optional[list[str]] = N
         parser.error(f"--grad-jitter must be in [0, {MAX_JITTER}], got {args.grad_jitter}")
     if args.grad_jitter and args.system not in ("deepspeed", "gravac"):
         parser.error(f"--grad-jitter applies to --system deepspeed or gravac, not {args.system}")
+    for flag, value in (("--eval-batches", args.eval_batches), ("--final-eval-batches", args.final_eval_batches)):
+        if value is not None and value < 0:
+            parser.error(f"{flag} must be >= 0 (0: the whole held-out split), got {value}")
     if args.lr_warmup < 0:      # a warm-up past --steps is allowed (a shortened run of a long task)
         parser.error(f"--lr-warmup must be >= 0, got {args.lr_warmup}")
     if not 0.0 < args.lr_decay_gamma <= 1.0:

@@ -153,14 +153,14 @@ def train(task: Task, system: System, args: argparse.Namespace, dist: DistInfo, 
         record = step_record(task, system, dist, losses, step_time)
         step, last = system.global_steps, system.global_steps >= args.steps
         if args.eval_every >= 0 and (last or (args.eval_every > 0 and step % args.eval_every == 0)):
-            record.update(evaluate(task, system, args, state, logger))
+            record.update(evaluate(task, system, args, state, logger, final=last))
         logger.log_step(record)
         logger.log_events(system.pop_events())
         if args.save_dir and (last or (args.save_every > 0 and step % args.save_every == 0)):
             save(system, task, args, dist, state)
         t_prev = time.perf_counter()          # eval and checkpoint time is not step time
     if args.eval_every >= 0 and state.last_eval != system.global_steps:   # resumed at or past --steps
-        evaluate(task, system, args, state, logger)
+        evaluate(task, system, args, state, logger, final=True)
 
 
 def _optimizer_step(task: Task, system: System, state: LoopState) -> list[float]:
@@ -196,10 +196,13 @@ def step_record(task: Task, system: System, dist: DistInfo, losses: list[float],
 
 
 def evaluate(task: Task, system: System, args: argparse.Namespace, state: LoopState,
-             logger: MetricsLogger) -> dict[str, float]:
+             logger: MetricsLogger, final: bool = False) -> dict[str, float]:
+    """Held-out metrics on ``--eval-batches`` per rank, on ``--final-eval-batches`` after the last step."""
+    final_batches = getattr(args, "final_eval_batches", None)
+    batches = final_batches if final and final_batches is not None else args.eval_batches
     system.set_train(False)
     with torch.no_grad():
-        metrics = task.evaluate(system.module, args.eval_batches, all_sum)
+        metrics = task.evaluate(system.module, batches, all_sum)
     system.set_train(True)
     metrics = {f"eval/{k}": v for k, v in metrics.items()}
     state.last_eval = system.global_steps

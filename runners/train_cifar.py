@@ -129,7 +129,8 @@ class CifarTask(Task):
                                   y.numel()], dtype=torch.float64)
         sums = all_sum(sums.to(self.device)).cpu()
         n = max(sums[3].item(), 1.0)
-        return {"loss": sums[0].item() / n, "top1": sums[1].item() / n, "top5": sums[2].item() / n}
+        return {"loss": sums[0].item() / n, "top1": sums[1].item() / n, "top5": sums[2].item() / n,
+                "samples": sums[3].item()}
 
 
 if __name__ == "__main__":

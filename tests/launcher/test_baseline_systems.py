@@ -1,7 +1,7 @@
 """The baselines users pick instead of compression, as benchmark systems on loopback (tiny_cnn, 4 steps, the real
 launchers): DeepSpeed with 16-bit communication, DDP with torch's bf16 hook, torch's post-local SGD. Each writes the
 step records the fidelity report compares (loss, time per step, bytes per step, held-out top-1), and every system
-follows the runner's learning-rate schedule."""
+follows the runner's learning-rate schedule and evaluation options (a finer final evaluation included)."""
 from __future__ import annotations
 
 import argparse
@@ -23,7 +23,8 @@ def _run(tmp_path: Path, system: str) -> tuple[dict, list[dict]]:
     opts = argparse.Namespace(model="tiny_cnn", rate="loopback", ranks=2, steps=STEPS, systems=system,
                               micro_batch=8, lr=None, epsilon=0.7, theta_min=10.0, ablation=None, tag=3, timeout=240,
                               out=str(tmp_path / "out"), smoke=False,
-                              runner_extra=(*SCHEDULE, "--eval-batches", "2"))
+                              runner_extra=(*SCHEDULE, "--eval-every", "2", "--eval-batches", "2",
+                                            "--final-eval-batches", "3"))
     out = run_matrix(opts)
     meta = json.loads((out / "meta.json").read_text())
     recs = [json.loads(x) for x in (out / "systems" / system / "steps.jsonl").read_text().splitlines() if x.strip()]
@@ -42,6 +43,8 @@ def _check_records(recs: list[dict], base_lr: float) -> None:
     assert [r["step"] for r in recs] == list(range(1, STEPS + 1))
     assert all(math.isfinite(r["loss"]) and r["time/step"] > 0 for r in recs)
     assert 0.0 <= recs[-1]["eval/top1"] <= 1.0
+    # held-out images: 2 ranks × batches × micro batch 8 — periodic evaluations 2 batches, the final one 3
+    assert [r.get("eval/samples") for r in recs] == [None, 2 * 2 * 8, None, 2 * 3 * 8]
     # the lr logged after step k is the one step k + 1 uses: warm-up (k + 2) / 3 capped at 1, ×0.1 from step 3 on
     assert [r["lr"] for r in recs] == pytest.approx([base_lr * f for f in (2 / 3, 1.0, 0.1, 0.1)])
 

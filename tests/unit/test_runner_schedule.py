@@ -45,7 +45,9 @@ def test_runner_flags_are_checked_before_training(capsys: pytest.CaptureFixture[
     assert parse_args(base + ["--lr-warmup", "300"]).lr_warmup == 300        # a shortened long task keeps its warm-up
     for bad, message in ((["--lr-warmup", "-1"], "--lr-warmup must be >= 0"),
                          (["--lr-decay-gamma", "0"], "--lr-decay-gamma must be in"),
-                         (["--localsgd-period", "0"], "--localsgd-period must be >= 1")):
+                         (["--localsgd-period", "0"], "--localsgd-period must be >= 1"),
+                         (["--final-eval-batches", "-1"], "--final-eval-batches must be >= 0 (0: the whole"),
+                         (["--eval-batches", "-2"], "--eval-batches must be >= 0")):
         with pytest.raises(SystemExit):
             parse_args(base + bad)
         assert message in capsys.readouterr().err
