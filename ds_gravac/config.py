@@ -62,7 +62,7 @@ class AutoConfig(StrictModel):
     budget_tight: float = Field(0.25, ge=0.0, le=4.0)
     pin_below_numel: int = Field(16384, ge=0)                   # groups smaller than this keep >= the reference
     link: Literal["measure", "nominal"] = "measure"             # time the all-reduce at attach, or assume:
-    remeasure_decisions: int = Field(0, ge=0, le=100000)       # "measure": re-time the link every k decisions
+    remeasure_decisions: int = Field(2, ge=0, le=100000)       # "measure": re-time the link every k decisions
     link_gbit_s: float = Field(1.0, gt=0.0, le=10000.0)         # a nominal link (deterministic plans)
     link_alpha_s: float = Field(1e-3, ge=0.0, le=1.0)
 
