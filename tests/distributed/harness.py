@@ -53,7 +53,7 @@ def _entry(rank: int, world_size: int, port: int, fn: Callable[..., Any], args: 
             pass
 
 
-PRELOADED = ["torch", "deepspeed", "ds_gravac", "harness"]
+PRELOADED = ["torch", "torch._dynamo", "deepspeed", "ds_gravac", "harness"]
 
 
 @functools.cache
