@@ -6,7 +6,9 @@ LOCAL_RANK, MASTER_ADDR/PORT in the environment), runs ``fn(rank, world_size, *a
 
 Ranks are fresh processes forked from a fork server that imported torch, DeepSpeed and ds_gravac once: every test
 still gets new processes with nothing left over from another test, without paying ~3 s of imports per rank group
-(about a third of the distributed suite's time on a 2-core machine). The server only imports; it never runs an
+(about a third of the distributed suite's time on a 2-core machine). It imports ``torch._dynamo`` too: every
+optimizer's first ``add_param_group`` imports it (``torch._disable_dynamo``), 2.2 s of CPU per rank, which halved
+the distributed suite's time once preloaded. The server only imports; it never runs an
 operator or a collective, so no thread pool or socket is inherited across the fork.
 """
 from __future__ import annotations
