@@ -197,27 +197,34 @@ def test_train_ptb_tiny_lstm(tmp_path: Any) -> None:
     assert len(records) == 12 and "tokens_per_s" in records[0] and "eval/ppl" in records[5]
 
 
-def test_plain_deepspeed_shares_the_loop(work: dict, full: dict, tmp_path: Any) -> None:
-    proc = launch([CIFAR, "--deepspeed_config", work["config"], "--micro-batch", "8", "--steps", "3",
-                   "--system", "deepspeed", "--no-wandb", "--log-dir", str(tmp_path / "log")] + TINY_CIFAR)
-    assert "== train_cifar summary: system deepspeed, model tiny_cnn" in proc.stdout
-    records = _jsonl(str(tmp_path / "log" / "steps.jsonl"))
+PLAIN = [CIFAR, "--micro-batch", "8", "--steps", "3", "--system", "deepspeed", "--no-wandb", "--eval-every", "-1"]
+
+
+@pytest.fixture(scope="module")
+def plain(work: dict) -> dict:
+    """DeepSpeed's own exchange through the runners' loop, 3 steps (torchrun: the launcher is not what is tested)."""
+    d = os.path.join(work["dir"], "plain")
+    proc = launch(PLAIN + ["--deepspeed_config", work["config"], "--log-dir", d] + TINY_CIFAR, launcher="torchrun")
+    return {"dir": d, "proc": proc}
+
+
+def test_plain_deepspeed_shares_the_loop(plain: dict, full: dict) -> None:
+    assert "== train_cifar summary: system deepspeed, model tiny_cnn" in plain["proc"].stdout
+    records = _jsonl(os.path.join(plain["dir"], "steps.jsonl"))
     reference = _jsonl(os.path.join(full["dir"], "log", "steps.jsonl"))
     assert [r["step"] for r in records] == [1, 2, 3]
     assert records[0]["loss"] == reference[0]["loss"], "same initial weights and first batch for every system"
     assert all(k in records[0] for k in ("loss", "lr", "time/step", "samples_per_s", "bytes_sent"))
 
 
-def test_grad_jitter_perturbs_only_after_the_first_backward(work: dict, tmp_path: Any) -> None:
+def test_grad_jitter_perturbs_only_after_the_first_backward(work: dict, plain: dict, tmp_path: Any) -> None:
     """--grad-jitter multiplies the averaged gradients before each optimizer step: step 1's loss (computed before
     any update) is DeepSpeed dense's exactly, the next ones differ from it (at 0.1, the largest allowed: on tiny_cnn
     a smaller jitter moves the loss by less than float32 resolves), and only slightly."""
-    common = [CIFAR, "--deepspeed_config", work["config"], "--micro-batch", "8", "--steps", "3", "--system",
-              "deepspeed", "--no-wandb", "--eval-every", "-1"] + TINY_CIFAR
-    launch(common + ["--log-dir", str(tmp_path / "plain")])
-    launch(common + ["--grad-jitter", "0.1", "--log-dir", str(tmp_path / "jitter")])
-    plain = [r["loss"] for r in _jsonl(str(tmp_path / "plain" / "steps.jsonl"))]
+    launch(PLAIN + ["--deepspeed_config", work["config"], "--grad-jitter", "0.1", "--log-dir", str(tmp_path / "jitter")]
+           + TINY_CIFAR, launcher="torchrun")
     jitter = [r["loss"] for r in _jsonl(str(tmp_path / "jitter" / "steps.jsonl"))]
+    plain = [r["loss"] for r in _jsonl(os.path.join(plain["dir"], "steps.jsonl"))]
     assert jitter[0] == plain[0]
     assert jitter[1:] != plain[1:]
     assert all(abs(j / p - 1) < 1e-2 for j, p in zip(jitter, plain))
@@ -270,11 +277,12 @@ def _powersgd_values(rank: int) -> tuple[float, float]:
 
 
 def test_ddp_powersgd_runs_and_resumes_exactly(work: dict, full: dict, tmp_path: Any) -> None:
-    """PowerSGD starts at iteration 10; its error memory follows DDP's rebuilt bucket layout across a resume."""
+    """PowerSGD starts at iteration 10; its error memory follows DDP's rebuilt bucket layout across a resume (torchrun,
+    DDP's own launcher)."""
     common = [CIFAR, "--deepspeed_config", work["config"], "--micro-batch", "8", "--system", "ddp_powersgd",
               "--no-wandb", "--eval-every", "-1"] + TINY_CIFAR
     whole = launch(common + ["--steps", "13", "--save-dir", str(tmp_path / "c"), "--save-every", "11",
-                             "--log-dir", str(tmp_path / "lc")])
+                             "--log-dir", str(tmp_path / "lc")], launcher="torchrun")
     assert "== train_cifar summary: system ddp_powersgd, model tiny_cnn" in whole.stdout
     records = _jsonl(str(tmp_path / "lc" / "steps.jsonl"))
     assert records[0]["loss"] == _jsonl(os.path.join(full["dir"], "log", "steps.jsonl"))[0]["loss"]
@@ -285,7 +293,7 @@ def test_ddp_powersgd_runs_and_resumes_exactly(work: dict, full: dict, tmp_path:
     shutil.copytree(tmp_path / "c" / "step11", tmp_path / "a" / "step11")
     (tmp_path / "a" / "latest").write_text("step11")
     launch(common + ["--steps", "13", "--resume", str(tmp_path / "a"), "--save-dir", str(tmp_path / "b"),
-                     "--log-dir", str(tmp_path / "lb")])
+                     "--log-dir", str(tmp_path / "lb")], launcher="torchrun")
     saved = torch.load(str(tmp_path / "a" / "step11" / "runner_rank00001.pt"), weights_only=False)
     assert saved["system"]["powersgd"]["error_dict"], "PowerSGD error memory is saved per rank"
     b = torch.load(str(tmp_path / "b" / "step13" / "ddp_checkpoint.pt"), weights_only=False)["module"]
