@@ -63,6 +63,8 @@ class AutoConfig(StrictModel):
     pin_below_numel: int = Field(16384, ge=0)                   # groups smaller than this keep >= the reference
     link: Literal["measure", "nominal"] = "measure"             # time the all-reduce at attach, or assume:
     remeasure_decisions: int = Field(2, ge=0, le=100000)       # "measure": re-time the link every k decisions
+    refit_tolerance: Optional[float] = Field(0.03, gt=0.0, le=1.0)   # "measure": re-time when a step is this far off
+    detector_eta: Optional[float] = Field(0.5, gt=0.0, le=100.0)  # Accordion's norm-change rule per group (null: off)
     link_gbit_s: float = Field(1.0, gt=0.0, le=10000.0)         # a nominal link (deterministic plans)
     link_alpha_s: float = Field(1e-3, ge=0.0, le=1.0)
 

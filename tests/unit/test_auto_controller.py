@@ -111,10 +111,10 @@ def _signals(ctl: AutoController) -> tuple[GroupSignal, ...]:
     return tuple(out)
 
 
-def _controller(rate_bit_s: float, remeasured_bit_s: float = 0.0) -> AutoController:
+def _controller(rate_bit_s: float, remeasured_bit_s: float = 0.0, **keys: object) -> AutoController:
     """Signals of three steps observed; the link at ``rate_bit_s``, re-timed at ``remeasured_bit_s`` (every
-    decision after the first) when given."""
-    auto = {"interval_steps": 10, "dwell": 0, "remeasure_decisions": 1 if remeasured_bit_s else 0}
+    decision after the first) when given; ``keys`` override the ``auto`` section."""
+    auto = {"interval_steps": 10, "dwell": 0, "remeasure_decisions": 1 if remeasured_bit_s else 0, **keys}
     ctl = AutoController(parse_config({"mode": "auto", "compressor": "powersgd", "auto": auto}))
     ctl.signal_groups(SHAPES)
     fits = FitTable(link_fits(rate_bit_s, 1e-4, 2))
@@ -124,11 +124,16 @@ def _controller(rate_bit_s: float, remeasured_bit_s: float = 0.0) -> AutoControl
                                compressible=tuple(n for n, _ in SHAPES), cost_fits=lambda: fits,
                                measure_link=lambda: later))
     for step in range(3):
-        sample = AggregateSample(step=step, levels=(), den=0.0, nums=(), groups=_signals(ctl))
-        ctl.observe(AgreedStats(step=step + 1, decision=None, den=0.0, den_raw=0.0, nums=(), t_iter_prev=0.0,
-                                t_gain_prev=0.0, values_sent=0.0, bytes_sent=0.0, nonfinite=0.0, world_size=2,
-                                aggregate=sample))
+        _observe(ctl, step, _signals(ctl))
     return ctl
+
+
+def _observe(ctl: AutoController, step: int, signals: tuple, t_iter: float = 0.0) -> None:
+    """One step's agreed statistics: the group signals of ``step`` and the measured time of the step before."""
+    sample = AggregateSample(step=step, levels=(), den=0.0, nums=(), groups=signals)
+    ctl.observe(AgreedStats(step=step + 1, decision=None, den=0.0, den_raw=0.0, nums=(), t_iter_prev=t_iter,
+                            t_gain_prev=0.0, values_sent=0.0, bytes_sent=0.0, nonfinite=0.0, world_size=2,
+                            aggregate=sample))
 
 
 def _plan(rate_bit_s: float) -> tuple[AutoController, list[int], float]:
@@ -212,3 +217,80 @@ def test_group_errors_average_the_interval_and_keep_unmeasured_ranks() -> None:
     errs.close_interval()
     assert errs.errors(groups)[0] == pytest.approx([0.0, 30.0, 30.0 * 4 / 30, 30.0 * 10 / 30, 30.0 * 6 / 10,
                                                     30.0 * 8 / 10], rel=1e-15)
+    assert errs.norm_changes() == pytest.approx([math.sqrt(2.0) - 1.0], rel=1e-15)     # √30 against √15
+
+
+# ---- refit and the norm-change phase ----------------------------------------------------------------------------
+def _exchange_s(rate_bit_s: float, groups: list, codes: list[int]) -> float:
+    """The plan's exchange seconds, summed here from the pricer's per-level times."""
+    return sum(row[c] for row, c in zip(Pricer(FitTable(link_fits(rate_bit_s, 1e-4, 2)), 2).times(groups), codes))
+
+
+def test_a_step_off_its_prediction_re_times_the_link() -> None:
+    """Each decision predicts the next interval's step as measured − exchange(plan run) + exchange(new plan);
+    within ``refit_tolerance`` (3%) nothing is re-timed, 10% off re-times the link before the next plan (here a
+    1000x slower one, which that plan then prices)."""
+    ctl = _controller(1e11, remeasured_bit_s=1e8, remeasure_decisions=0)
+    step, signals = ctl.tight_until, _signals(ctl)
+    for s in range(3, step):
+        _observe(ctl, s, signals, t_iter=1.0)
+    ran = list(ctl.codes)
+    ctl.before_proposal(step)
+    ctl.accept(step, ctl.propose(step, 0.1))
+    expected = 1.0 - _exchange_s(1e11, ctl.groups, ran) + _exchange_s(1e11, ctl.groups, ctl.codes)
+    assert ctl.last["step"] == pytest.approx(expected, rel=1e-12) and ctl.last["measured_step"] == 1.0
+    assert ctl.telemetry()["auto/predicted_step_s"] == ctl.last["step"]
+    fast_codes = list(ctl.codes)
+    for factor, re_timed in ((1.0, False), (1.02, False), (1.10, True)):
+        measured = factor * ctl.last["step"]
+        for s in range(step, step + ctl.interval):
+            _observe(ctl, s, signals, t_iter=measured * (1.0 + 0.5 * (s % 2 - 0.5) * 1e-3))    # median: measured
+        step += ctl.interval
+        ctl.before_proposal(step)
+        events = [e for e in ctl.pop_events() if e["event"] == "auto_link_measured"]
+        assert bool(events) == re_timed, factor
+        ctl.accept(step, ctl.propose(step, 0.1))
+    assert events[0]["reason"] == "step_off" and events[0]["measured_over_predicted"] == pytest.approx(1.10)
+    assert ctl.codes == _plan(1e8)[1] != fast_codes             # the next plan prices the re-timed link
+
+
+def test_refit_is_off_under_a_nominal_link_or_a_null_tolerance() -> None:
+    for ctl in (_controller(1e11, refit_tolerance=None), _controller(1e11, link="nominal")):
+        if ctl.config.auto.link == "nominal":
+            ctl.ctx = ControllerContext(**{**ctl.ctx.__dict__, "measure_link": None})
+        step = ctl.tight_until
+        ctl.accept(step, ctl.propose(step, 0.1))
+        for s in range(step, step + ctl.interval):
+            _observe(ctl, s, _signals(ctl), t_iter=10.0)
+        ctl.before_proposal(step + ctl.interval)
+        assert not [e for e in ctl.pop_events() if e["event"] == "auto_link_measured"]
+
+
+def _scaled(ctl: AutoController, factor: float) -> tuple:
+    return tuple(GroupSignal(den=s.den * factor, applied=s.applied * factor,
+                             prefix=tuple(None if p is None else p * factor for p in s.prefix)) for s in _signals(ctl))
+
+
+@pytest.mark.parametrize("eta", [0.5, None])
+def test_a_norm_change_at_an_unchanged_level_tightens_the_next_plan(eta: object) -> None:
+    """Accordion's rule per group: the norm (√ interval-mean energy) doubling between two intervals at one level
+    makes the decision tight (η 0.5); a group whose level changed between the intervals is not read; null: off."""
+    ctl = _controller(1e8, detector_eta=eta)
+    step = ctl.tight_until
+    ctl.accept(step, ctl.propose(step, 0.1))                      # quiet: a compressed plan
+    for factor in (1.0, 4.0, 16.0):                               # energies ×1, then norms ×2, ×2 again
+        for s in range(step, step + ctl.interval):
+            _observe(ctl, s, _scaled(ctl, factor))
+        step += ctl.interval
+        steady = [g.name for g, a, b in zip(ctl.groups, ctl.prev_codes, ctl.codes) if a == b]
+        tight = bool(ctl.propose(step, 0.1)[-1])
+        ctl.accept(step, ctl.propose(step, 0.1))
+        fired = [e["groups"] for e in ctl.pop_events() if e["event"] == "auto_norm_change"]
+        if factor == 1.0 or eta is None:
+            assert not tight and not fired, factor
+        elif factor == 4.0:
+            assert tight and fired == [steady] == [[g.name for g in ctl.groups]]
+            assert ctl.tight_until == step + ctl.interval
+            assert ctl.codes != ctl.prev_codes                    # the tight budget moved some groups
+        else:
+            assert tight and fired == [steady] and 0 < len(steady) < len(ctl.groups)

@@ -11,8 +11,12 @@
   rung's unsent energy from the agreed per-group signals (``signals.GroupErrors``), and solves the knapsack with
   hysteresis (``solver.Hysteresis``) under ``β·error(reference)``, the reference being rank 16 on every group. It
   broadcasts one int64 code per group plus the phase; every rank maps codes to per-tensor levels identically.
-* **Phases**: the budget is ``budget_tight`` for decisions within ``tight_steps`` of the start and of a drop of
-  the agreed learning rate (a step-to-step decrease by at least ``lr_drop`` of it), ``budget_quiet`` otherwise.
+* **Phases**: the budget is ``budget_tight`` for decisions within ``tight_steps`` of the start, of a drop of
+  the agreed learning rate (a step-to-step decrease by at least ``lr_drop`` of it) and of a decision at which
+  Accordion's norm-change rule fired on some group (``detector_eta``), ``budget_quiet`` otherwise.
+* **Refit**: each decision predicts the next interval's step (the last interval's measured step minus the
+  predicted exchange of the plan it ran, plus the new plan's); when the interval's median measured step (agreed)
+  is off the prediction by more than ``refit_tolerance``, every rank re-times the link before rank 0 proposes.
 
 Everything that changes replicated state happens on every rank from agreed values (``accept``, ``decide``,
 ``observe``); rank 0's ``propose`` works on copies.
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import math
+import statistics
 from typing import Any, Mapping, Optional, Sequence
 
 import torch
@@ -37,6 +42,7 @@ from .timing import GEMM, Pricer, link_fits
 PLAIN = float(1 << 30)       # a rank above min(n, m): never pays, so the matrix travels plain (dense)
 FIRST_SIGNAL_STEP = 2        # step 0's signals arrive with step 1's statistics: the first plan at step 2
 STATE_VERSION = 1
+STEP_TIMES_KEPT = 100000     # a bound on the interval's measured steps (an interval is at most 100,000 steps)
 
 
 class AutoController(Controller):
@@ -59,7 +65,10 @@ class AutoController(Controller):
         self.tight_until = self.start + self.tight_steps
         self.prev_lr: Optional[float] = None
         self.tight = True
-        self.last = {"time": 0.0, "ref_time": 0.0, "error": 0.0, "ref_error": 0.0, "budget": 0.0}
+        self.last = {"time": 0.0, "ref_time": 0.0, "error": 0.0, "ref_error": 0.0, "budget": 0.0,
+                     "step": 0.0, "measured_step": 0.0, "compute": 0.0}
+        self.prev_codes: list[int] = []             # the codes of the interval before the current one
+        self.step_times: list[float] = []           # this interval's agreed measured steps (mean over ranks)
         self._levels: dict[str, float] = {}
         self._fits: Optional[FitTable] = None        # re-timed link (auto.remeasure_decisions), newer than attach's
 
@@ -71,6 +80,7 @@ class AutoController(Controller):
                                    min_numel=int(self.config.auto.pin_below_numel), min_compression_rate=rate)
         self.reference = uniform_codes(self.groups, Level(LOWRANK, REFERENCE[LOWRANK]))
         self.codes = [0] * len(self.groups)
+        self.prev_codes = list(self.codes)
         self.signals = GroupErrors(self.groups, RANKS)
         self.hyst = Hysteresis(len(self.groups), self.hyst.min_gain, self.hyst.dwell)
         self._levels = self._member_levels(self.codes)
@@ -97,6 +107,32 @@ class AutoController(Controller):
         sample = stats.aggregate
         if sample is not None and sample.groups:
             self.signals.add(sample.groups)
+        t = float(stats.t_iter_prev)
+        if math.isfinite(t) and t > 0.0 and len(self.step_times) < STEP_TIMES_KEPT:
+            self.step_times.append(t)
+
+    def _measured_step(self) -> Optional[float]:
+        """The interval's median measured step (robust to the odd evaluation or checkpoint step)."""
+        return float(statistics.median(self.step_times)) if self.step_times else None
+
+    def _step_off(self) -> Optional[float]:
+        """measured / predicted step of this interval when it is off by more than ``refit_tolerance``."""
+        tol, measured, predicted = self.config.auto.refit_tolerance, self._measured_step(), self.last["step"]
+        if tol is None or measured is None or not predicted > 0.0:
+            return None
+        ratio = measured / predicted
+        return ratio if abs(ratio - 1.0) > float(tol) else None
+
+    def _fired(self, signals: GroupErrors) -> list[str]:
+        """Groups whose norm changed by at least ``detector_eta`` between the last two intervals while their level
+        stayed the same (a level change moves the error-feedback energy itself, which is not a change of
+        training)."""
+        eta = self.config.auto.detector_eta
+        if eta is None:
+            return []
+        changes = signals.norm_changes()
+        return [g.name for g, ch, before, now in zip(self.groups, changes, self.prev_codes, self.codes)
+                if before == now and ch >= float(eta)]
 
     def _pricer(self) -> Pricer:
         """The agreed measured fits (the link timed at attach), else the configured nominal link; a measured
@@ -125,14 +161,18 @@ class AutoController(Controller):
         return step >= self.start and (step - self.start) % self.interval == 0
 
     def before_proposal(self, step: int) -> None:
-        """Every ``remeasure_decisions``-th decision after the first, every rank re-times the link (agreed fits),
+        """Every rank re-times the link (agreed fits) every ``remeasure_decisions``-th decision after the first,
+        and whenever the interval's measured step is off its prediction (agreed values: the same on every rank),
         so the plan about to be proposed prices the network as it is now."""
         every = int(self.config.auto.remeasure_decisions)
         measure = self.ctx.measure_link if self.ctx is not None else None
-        if every and measure is not None and self.decisions and self.decisions % every == 0:
+        periodic = bool(every and self.decisions and self.decisions % every == 0)
+        off = self._step_off()
+        if measure is not None and (periodic or off is not None):
             self._fits = measure()
             link = self._fits.get(ALL_REDUCE)
-            self.log_event(step, "auto_link_measured", all_reduce_a=link.a, all_reduce_b=link.b)
+            self.log_event(step, "auto_link_measured", all_reduce_a=link.a, all_reduce_b=link.b,
+                           reason="periodic" if periodic else "step_off", measured_over_predicted=off)
 
     def proposal_size(self) -> int:
         return len(self.groups) + 1
@@ -145,9 +185,9 @@ class AutoController(Controller):
 
     def propose(self, step: int, lr: float) -> torch.Tensor:
         """Rank 0: the plan from this interval's signals (on copies: the replicated state changes in accept)."""
-        tight = int(step) < self.tight_until or self._lr_dropped(float(lr))
         signals = copy.deepcopy(self.signals)
         signals.close_interval()
+        tight = int(step) < self.tight_until or self._lr_dropped(float(lr)) or bool(self._fired(signals))
         codes = list(self.codes)
         if signals.ready:
             times, errors = self._tables(signals)
@@ -163,6 +203,11 @@ class AutoController(Controller):
         if len(codes) != len(self.groups) or any(not 0 <= c < len(g.ladder) for c, g in zip(codes, self.groups)):
             raise GravacConfigError(f"ds_gravac: auto proposal {values} does not fit the {len(self.groups)} groups")
         self.signals.close_interval()
+        fired = self._fired(self.signals)
+        if fired:
+            self.tight_until = max(self.tight_until, step + self.tight_steps)
+            self.log_event(step, "auto_norm_change", groups=fired, tight_until=self.tight_until)
+        measured = self._measured_step()
         switched: set[str] = set()
         for g, (old, new) in enumerate(zip(self.codes, codes)):
             if old != new:
@@ -171,13 +216,19 @@ class AutoController(Controller):
         if switched:
             self.log_event(step, "auto_switch", codes=codes, tight=tight)
         self.decisions += 1
-        self.codes, self.tight = codes, tight
+        ran = self.codes
+        self.prev_codes, self.codes, self.tight = ran, codes, tight
         self._levels = self._member_levels(codes)
         if self.signals.ready:
             times, errors = self._tables(self.signals)
             ref_t, ref_e, budget = self._budget(errors, times, tight)
             t, e = totals(times, errors, codes)
-            self.last = {"time": t, "ref_time": ref_t, "error": e, "ref_error": ref_e, "budget": budget}
+            compute = self.last["compute"] if measured is None else max(0.0, measured - totals(times, errors, ran)[0])
+            known = measured is not None or self.last["step"] > 0.0
+            self.last = {"time": t, "ref_time": ref_t, "error": e, "ref_error": ref_e, "budget": budget,
+                         "step": compute + t if known else 0.0, "measured_step": measured or 0.0,
+                         "compute": compute}
+        self.step_times = []
         return switched
 
     # ---- every step ---------------------------------------------------------------------------------------
@@ -200,6 +251,7 @@ class AutoController(Controller):
         ref_e = self.last["ref_error"]
         out.update({"auto/tight": int(self.tight), "auto/decisions": self.decisions,
                     "auto/predicted_exchange_s": self.last["time"], "auto/reference_exchange_s": self.last["ref_time"],
+                    "auto/predicted_step_s": self.last["step"], "auto/measured_step_s": self.last["measured_step"],
                     "auto/error": self.last["error"], "auto/budget": self.last["budget"],
                     "auto/reference_error": ref_e,
                     "auto/error_ratio": self.last["error"] / ref_e if ref_e > 0 else 0.0})
@@ -207,7 +259,8 @@ class AutoController(Controller):
 
     def state_dict(self) -> dict[str, Any]:
         return {"version": STATE_VERSION, "mode": self.mode, "groups": [g.name for g in self.groups],
-                "codes": list(self.codes), "changed_at": list(self.hyst.changed_at), "decisions": self.decisions,
+                "codes": list(self.codes), "prev_codes": list(self.prev_codes), "step_times": list(self.step_times),
+                "changed_at": list(self.hyst.changed_at), "decisions": self.decisions,
                 "tight_until": self.tight_until, "prev_lr": self.prev_lr, "tight": self.tight,
                 "last": dict(self.last), "signals": self.signals.state_dict()}
 
@@ -219,12 +272,14 @@ class AutoController(Controller):
             self.log_event(int(state["decisions"]), "auto_groups_changed")     # another model: start afresh
             return
         self.codes = [int(c) for c in state["codes"]]
+        self.prev_codes = [int(c) for c in state.get("prev_codes", self.codes)]
+        self.step_times = [float(t) for t in state.get("step_times", [])]
         self.hyst.changed_at = [int(c) for c in state["changed_at"]]
         self.decisions = int(state["decisions"])
         self.tight_until = int(state["tight_until"])
         self.prev_lr = None if state["prev_lr"] is None else float(state["prev_lr"])
         self.tight = bool(state["tight"])
-        self.last = {k: float(v) for k, v in state["last"].items()}
+        self.last = {**self.last, **{k: float(v) for k, v in state["last"].items()}}
         self.signals.load_state_dict(state["signals"])
         self._levels = self._member_levels(self.codes)
 

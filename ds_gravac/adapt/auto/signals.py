@@ -6,8 +6,9 @@ ladder rank the step computed (all of them on a dense step, whose warm-start ref
 ranks up to the one sent on a compressed step; none for a matrix sent plain). The unsent energy of rank r is
 ``‖x̄_g‖² − Σ_{k≤r} ‖c_k‖²``, as ``error_model.lowrank_unsent`` defines it.
 
-Between two decisions the steps' values are summed; at a decision each group's mean energy and, per rank, the mean
-unsent *fraction* of the steps that measured it are kept. A rank not measured in the interval keeps the fraction
+Between two decisions the steps' values are summed; at a decision each group's mean energy (and the one of the
+interval before, for Accordion's norm-change rule) and, per rank, the mean unsent *fraction* of the steps that
+measured it are kept. A rank not measured in the interval keeps the fraction
 of the last interval that measured it (a group sent at rank 4 learns nothing new about rank 16), applied to the
 group's current energy; a rank never measured counts as unsending everything. All values are float64 sums in
 step order of agreed numbers, so every rank holds the same ones.
@@ -28,6 +29,7 @@ class GroupErrors:
         self.count = len(groups)
         self.energy = [0.0] * self.count              # mean ‖x̄_g‖² of the last interval with samples
         self.measured = [False] * self.count
+        self.previous = [-1.0] * self.count           # mean energy of the interval before (-1: none)
         self.frac = [[-1.0] * len(self.ranks) for _ in range(self.count)]    # -1: never measured
         self._reset_sums()
 
@@ -56,6 +58,7 @@ class GroupErrors:
         """Fold the interval's sums into the kept energies and fractions (a decision point)."""
         for g in range(self.count):
             if self.n_energy[g]:
+                self.previous[g] = self.energy[g] if self.measured[g] else -1.0
                 self.energy[g] = self.sum_energy[g] / self.n_energy[g]
                 self.measured[g] = True
             for j in range(len(self.ranks)):
@@ -67,6 +70,16 @@ class GroupErrors:
     def ready(self) -> bool:
         """Every group has an energy (else nothing is known about some group: no plan)."""
         return all(self.measured)
+
+    def norm_changes(self) -> list[float]:
+        """Per group, Accordion's relative change of the norm between the last two intervals,
+        ``|√E_k − √E_{k−1}| / √E_{k−1}`` of their mean energies (−1: not known, or a zero norm before)."""
+        out = []
+        for g in range(self.count):
+            before, now = self.previous[g], self.energy[g]
+            ok = self.measured[g] and before > 0.0
+            out.append(abs(math.sqrt(now) - math.sqrt(before)) / math.sqrt(before) if ok else -1.0)
+        return out
 
     def errors(self, groups: Sequence[Group]) -> list[list[float]]:
         """Unsent energy of every rung of every ladder: 0 for dense, ``fraction(r)·energy`` for rank r."""
@@ -85,7 +98,8 @@ class GroupErrors:
 
     # ---- state ----------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"energy": list(self.energy), "measured": list(self.measured), "frac": [list(r) for r in self.frac],
+        return {"energy": list(self.energy), "measured": list(self.measured),
+                "previous": list(self.previous), "frac": [list(r) for r in self.frac],
                 "sum_energy": list(self.sum_energy), "n_energy": list(self.n_energy),
                 "sum_unsent": [list(r) for r in self.sum_unsent], "sum_den": [list(r) for r in self.sum_den]}
 
@@ -94,6 +108,7 @@ class GroupErrors:
             return
         self.energy = [float(v) for v in state["energy"]]
         self.measured = [bool(v) for v in state["measured"]]
+        self.previous = [float(v) for v in state.get("previous", [-1.0] * self.count)]
         self.frac = [[float(v) for v in r] for r in state["frac"]]
         self.sum_energy = [float(v) for v in state["sum_energy"]]
         self.n_energy = [int(v) for v in state["n_energy"]]
