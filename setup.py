@@ -1,9 +1,14 @@
 """ds_gravac: gradient compression (GraVAC, Accordion, static) for DeepSpeed data-parallel training."""
+import re
+from pathlib import Path
+
 from setuptools import find_packages, setup
+
+VERSION = re.search(r'__version__ = "([^"]+)"', (Path(__file__).parent / "ds_gravac" / "version.py").read_text()).group(1)
 
 setup(
     name="ds_gravac",
-    version="0.4.1",
+    version=VERSION,
     description="Compressed gradient synchronization for DeepSpeed: GraVAC adaptive compression, Accordion, "
                 "static Top-k/DGC/RedSync/SIDCo/Random-k",
     long_description=open("README.md", encoding="utf-8").read(),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.4.1"
+from .version import __version__  # noqa: E402
 
 from .compress.base import CompressCtx, Compressor, CompressorParams, Kind, Payload, Section, TensorPlan  # noqa: E402
 from .compress.registry import register_compressor  # noqa: E402

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as tdist
 
 from ..errors import GravacError
+from ..version import __version__
 
 logger = logging.getLogger("ds_gravac")
 FORMAT = 2
@@ -30,7 +31,6 @@ def rank_file(directory: str, rank: int) -> str:
 
 
 def _version() -> str:
-    from .. import __version__
     return __version__
 
 

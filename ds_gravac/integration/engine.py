@@ -24,6 +24,7 @@ from ..sync.collectives import Channels
 from ..sync.reduce_rule import ReduceRule
 from ..sync.synchronizer import Synchronizer
 from ..telemetry.sinks import JsonlSink
+from ..version import __version__
 from .agreement import agree_config, agree_ok, agree_parameters
 from .checkpoint import load_checkpoint, route_engine_checkpoints, save_checkpoint, unroute_engine_checkpoints
 from .shm_buffer import release_shm_buffer
@@ -37,7 +38,6 @@ NO_SECTION = ('ds_gravac.initialize: the DeepSpeed config has no "gravac" sectio
 
 
 def _version() -> str:
-    from .. import __version__
     return __version__
 
 

@@ -19,9 +19,16 @@ from deepspeed import comm as dist
 
 from ..errors import GravacError
 
-# torch 2.14 deprecates the name all_gather_into_tensor in favour of all_gather_single, but deepspeed.comm (the
-# interface we must use) still calls it; the warning would print on every step of every run.
-warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.* is deprecated", category=FutureWarning)
+DEPRECATED_ALL_GATHER = r".*all_gather_into_tensor.* is deprecated"
+
+
+def _all_gather_into_tensor(*args: Any, **kwargs: Any) -> Any:
+    """deepspeed.comm's all-gather without torch 2.14's FutureWarning that its name is deprecated (deepspeed.comm,
+    the interface we must use, still calls it, and it would print on every step): silenced for this call only, so
+    importing ds_gravac leaves the user's warning filters as they were."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=DEPRECATED_ALL_GATHER, category=FutureWarning)
+        return dist.all_gather_into_tensor(*args, **kwargs)
 
 
 def collective_failed(what: str, exc: BaseException) -> GravacError:
@@ -163,7 +170,7 @@ def all_reduce_async(t: torch.Tensor, group: Any, what: str = "all_reduce") -> W
 
 def all_gather_async(out: torch.Tensor, t: torch.Tensor, group: Any, what: str = "all_gather") -> Work:
     _nonempty(t, "all_gather")
-    return _launch(what, "all_gather", dist.all_gather_into_tensor, group, t, (out, t), out, t)
+    return _launch(what, "all_gather", _all_gather_into_tensor, group, t, (out, t), out, t)
 
 
 def all_to_all_async(out: torch.Tensor, t: torch.Tensor, group: Any, what: str = "all_to_all") -> Work:

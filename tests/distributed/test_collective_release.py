@@ -66,3 +66,33 @@ def test_training_waits_never_time_out_on_release() -> None:
     """A wait that gave up would mean our code held a tensor of an in-flight collective (and cost a second)."""
     for res in run_ranks(_training_never_gives_up, 2):
         assert res["timeouts"] == 0
+
+
+def _all_gather_warnings(rank: int, world: int) -> dict:
+    """FutureWarnings of one direct deepspeed.comm all-gather (the control: torch 2.14 deprecates its name) and of
+    one of ours, every warning shown (``always``)."""
+    import warnings
+
+    import torch
+    from deepspeed import comm as dist
+    from ds_gravac.sync import collectives as C
+
+    channels = C.Channels.create(timeout_s=60)
+    x, out = torch.full((8,), float(rank)), torch.empty(world * 8)
+    caught = {}
+    for who in ("direct", "ours"):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            if who == "direct":
+                dist.all_gather_into_tensor(out, x, group=channels.data)
+            else:
+                C.all_gather_async(out, x, channels.data, "test all_gather").wait()
+        caught[who] = [str(w.message) for w in seen if issubclass(w.category, FutureWarning)]
+    return caught
+
+
+def test_our_all_gather_is_silent_without_touching_global_filters() -> None:
+    """The deprecation warning deepspeed.comm triggers on every all-gather is silenced for our calls only."""
+    for res in run_ranks(_all_gather_warnings, 2):
+        assert any("all_gather_into_tensor" in m for m in res["direct"]), res
+        assert res["ours"] == [], res
