@@ -6,16 +6,40 @@ only converts (CF-keyed records to rows, NaN to None and back) and checks that t
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Protocol
 
 from ..errors import GravacConfigError
 from .base import Branch
 from .gravac_records import GainRecord, Phase, ThroughputRecord, records_to_rows, rows_to_records
 
-if TYPE_CHECKING:
-    from .gravac import GravacController
-
 STATE_VERSION = 1
+
+
+class GravacStateHolder(Protocol):
+    """What a checkpoint holds of the GraVAC controller (``GravacController`` is one): its replicated fields.
+
+    A protocol rather than the controller's class, so this module does not import the controller's."""
+
+    mode: str
+    alpha: float
+    phase: Phase
+    theta_min: float
+    theta_c: float
+    j: int
+    i0: int
+    gains: dict[float, GainRecord]
+    thru: dict[float, ThroughputRecord]
+    sent: list[list[Any]]
+    last_decided: int
+    last_observed: int
+    last_boundary: int
+    last_branch: Branch
+    last_cf: float
+    raw_min: float
+    raw_cand: float
+    t_iter_last: float
+    t_sys_last: float
+    _initialized: bool
 
 
 def _saved(x: float) -> Optional[float]:
@@ -26,7 +50,7 @@ def _restored(x: Any) -> float:
     return math.nan if x is None else float(x)
 
 
-def gravac_state_dict(ctrl: "GravacController") -> dict[str, Any]:
+def gravac_state_dict(ctrl: GravacStateHolder) -> dict[str, Any]:
     """Replicated state as JSON-friendly plain Python (CF-keyed records as rows, NaN as None)."""
     return {
         "version": STATE_VERSION, "mode": ctrl.mode, "alpha": ctrl.alpha, "phase": ctrl.phase.value,
@@ -40,7 +64,7 @@ def gravac_state_dict(ctrl: "GravacController") -> dict[str, Any]:
     }
 
 
-def load_gravac_state(ctrl: "GravacController", state: Mapping[str, Any]) -> None:
+def load_gravac_state(ctrl: GravacStateHolder, state: Mapping[str, Any]) -> None:
     """Exact restore (also from a JSON round trip, where NaN became None and dict keys strings)."""
     if state.get("mode", ctrl.mode) != ctrl.mode:
         raise GravacConfigError(f"ds_gravac: checkpoint holds a {state.get('mode')!r} controller state, "

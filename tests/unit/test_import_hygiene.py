@@ -11,7 +11,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "ds_gravac"
 KNOWN_CIRCLES = [
-    ["ds_gravac.adapt.gravac", "ds_gravac.adapt.gravac_state"],
     ["ds_gravac.sync.completion", "ds_gravac.sync.step_record", "ds_gravac.sync.synchronizer"],
     ["ds_gravac.sync.cost_model.model", "ds_gravac.sync.cost_model.selector", "ds_gravac.sync.planner",
      "ds_gravac.sync.selection"],
