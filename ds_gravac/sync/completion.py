@@ -7,17 +7,14 @@ a step with a non-finite gradient on any rank commits nothing and falls back to 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 from ..telemetry.stats import AgreedStats
 from .memory import write_grads
 from .nonfinite import nonfinite_step
-
-if TYPE_CHECKING:
-    from .synchronizer import Synchronizer
+from .parts import SyncParts
 
 
-def complete_step(sync: "Synchronizer", agreed: AgreedStats) -> dict[str, float]:
+def complete_step(sync: SyncParts, agreed: AgreedStats) -> dict[str, float]:
     """Wait for every bucket; commit and write back (finite step) or fall back to DeepSpeed's average.
     Returns the step's wait, decode and write-back times."""
     run = sync.running

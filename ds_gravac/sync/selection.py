@@ -6,7 +6,8 @@ cost model after a refit). Answers must depend on agreed values only (config, N,
 levels, agreed fits), because they select collectives and payload sizes.
 
 ``selection: "threshold"`` is :class:`ThresholdSelector`; ``"cost_model"`` is
-:class:`ds_gravac.sync.cost_model.model.CostModel`, which answers with these same rules until it has fits.
+:class:`ds_gravac.sync.cost_model.model.CostModel`, which answers with these same rules until it has fits
+(``selector_factory.make_selector`` builds the one the config names).
 """
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from ..config import GravacConfig
 from .reduce_rule import ReduceRule
 
 if TYPE_CHECKING:
-    from .planner import Planner
+    from .buckets import BucketPlan
+    from .codec import BucketCodec
 
 
 @dataclass(frozen=True)
@@ -33,14 +35,24 @@ class Choice:
     chunks: int = 1                     # pipeline chunks of a compressed send (cost model only)
 
 
+class PlannedBuckets(Protocol):
+    """What a selector reads of the planner that asks it (``Planner`` is one): the frozen plan and its codecs."""
+
+    @property
+    def plan(self) -> "BucketPlan": ...
+
+    @property
+    def codecs(self) -> "dict[int, BucketCodec]": ...
+
+
 class Selector(Protocol):
     version: int
 
     def choose(self, codec: Any, levels: tuple[float, ...]) -> Choice: ...
 
-    def prepare(self, planner: "Planner") -> None: ...
+    def prepare(self, planner: PlannedBuckets) -> None: ...
 
-    def after_step(self, run: Any, planner: "Planner", nonfinite: bool) -> dict[str, Any]: ...
+    def after_step(self, run: Any, planner: PlannedBuckets, nonfinite: bool) -> dict[str, Any]: ...
 
 
 class ThresholdSelector:
@@ -57,18 +69,8 @@ class ThresholdSelector:
         return Choice(self.config.sparse_fallback
                       and not self.pattern.pays(words, codec.bucket.numel, self.world_size, self.rule))
 
-    def prepare(self, planner: "Planner") -> None:
+    def prepare(self, planner: PlannedBuckets) -> None:
         """Nothing to measure."""
 
-    def after_step(self, run: Any, planner: "Planner", nonfinite: bool) -> dict[str, Any]:
+    def after_step(self, run: Any, planner: PlannedBuckets, nonfinite: bool) -> dict[str, Any]:
         return {}
-
-
-def make_selector(config: GravacConfig, compressor: Any, pattern: Any, rule: ReduceRule, world_size: int,
-                  channels: Optional[Any] = None) -> Selector:
-    """The strategy ``config.selection`` names (the cost model needs the channels to measure and agree)."""
-    threshold = ThresholdSelector(config, pattern, rule, world_size)
-    if config.selection != "cost_model" or channels is None or config.mode == "dense" or compressor.name == "none":
-        return threshold                      # nothing is ever compressed: nothing to price
-    from .cost_model.model import CostModel
-    return CostModel(config, compressor, rule, world_size, channels, threshold)

@@ -7,14 +7,14 @@ from typing import TYPE_CHECKING, Any
 from ..telemetry import stats as statvec
 from ..telemetry.stats import AgreedStats
 from .collectives import ring_allreduce_bytes
+from .parts import SyncParts
 from .step_plan import DENSE
 
 if TYPE_CHECKING:
     from .running_step import RunningStep
-    from .synchronizer import Synchronizer
 
 
-def step_record_of(sync: "Synchronizer", run: "RunningStep", agreed: AgreedStats,
+def step_record_of(sync: SyncParts, run: "RunningStep", agreed: AgreedStats,
                    timings: dict[str, float]) -> dict[str, Any]:
     """The record of the finished step ``run``: bytes and values as sent (a non-finite step counts as dense),
     phase timings, the controller's telemetry and, with probes, the raw gain of every measured level."""
@@ -40,7 +40,7 @@ def step_record_of(sync: "Synchronizer", run: "RunningStep", agreed: AgreedStats
     return rec
 
 
-def sync_state_dict(sync: "Synchronizer") -> dict[str, Any]:
+def sync_state_dict(sync: SyncParts) -> dict[str, Any]:
     """Per-rank synchronizer state: the frozen bucket order, the error-feedback memory, the server residuals of
     the partitions this rank owns (quantizers) and the aggregate-gain sample still to be sent."""
     return {"bucket_order": list(sync.plan.order) if sync.plan.frozen else None,
@@ -49,7 +49,7 @@ def sync_state_dict(sync: "Synchronizer") -> dict[str, Any]:
             "aggregate_gain": sync.aggregate.state_dict() if sync.aggregate is not None else None}
 
 
-def load_sync_state(sync: "Synchronizer", state: dict[str, Any], memory: bool) -> None:
+def load_sync_state(sync: SyncParts, state: dict[str, Any], memory: bool) -> None:
     """Restore :func:`sync_state_dict`'s state; ``memory`` false (another world size, another compressor):
     only the bucket order, every per-rank memory starts empty."""
     order = state.get("bucket_order")

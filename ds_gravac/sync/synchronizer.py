@@ -42,7 +42,7 @@ from .memory import ErrorFeedbackMemory
 from .planner import Planner
 from .reduce_rule import ReduceRule
 from .running_step import RunningStep
-from .selection import make_selector
+from .selector_factory import make_selector
 from .selection_check import SharedSelectionCheck
 from .server_memory import ServerResiduals
 from .statistics import StepStatistics

@@ -1,8 +1,7 @@
 """Importing ds_gravac changes nothing global, and its modules import each other without circles.
 
 Circles are read from the source (every ``import`` of a ``ds_gravac`` module, module-level, lazy inside functions,
-or under ``TYPE_CHECKING``): a ratchet — the circles left are listed, a new one fails, and one that is broken must
-leave the list (issue 43 removes them)."""
+or under ``TYPE_CHECKING``); none is left, and a new one fails here with the modules that form it."""
 from __future__ import annotations
 
 import ast
@@ -10,11 +9,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "ds_gravac"
-KNOWN_CIRCLES = [
-    ["ds_gravac.sync.completion", "ds_gravac.sync.step_record", "ds_gravac.sync.synchronizer"],
-    ["ds_gravac.sync.cost_model.model", "ds_gravac.sync.cost_model.selector", "ds_gravac.sync.planner",
-     "ds_gravac.sync.selection"],
-]
 
 
 def _module_level_calls(tree: ast.Module) -> list[ast.Call]:
@@ -114,7 +108,7 @@ def test_the_circle_finder_sees_a_circle() -> None:
     assert _circles({"a": {"b"}, "b": set()}) == []
 
 
-def test_no_import_circles_beyond_the_known_ones() -> None:
+def test_no_import_circles() -> None:
     files = {_module_name(p): p for p in (ROOT / PACKAGE).rglob("*.py")}
     graph = {name: _imports(path, name, set(files)) for name, path in files.items()}
-    assert _circles(graph) == KNOWN_CIRCLES
+    assert _circles(graph) == []

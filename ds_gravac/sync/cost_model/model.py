@@ -15,7 +15,7 @@ from ...compress.base import Compressor
 from ...config import GravacConfig
 from ..collectives import Channels
 from ..reduce_rule import ReduceRule
-from ..selection import ThresholdSelector
+from ..selection import PlannedBuckets, ThresholdSelector
 from . import samples as step_samples
 from .calibrate import Sample, agree, calibrate
 from .fits import (ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, STAGE, WRITEBACK, ZERO, FitTable, LinearFit, SampleWindow,
@@ -24,7 +24,6 @@ from .selector import CostModelSelector, check_priceable, chunk_limit, exchange_
 
 if TYPE_CHECKING:
     from ..buckets import BucketPlan
-    from ..planner import Planner
 
 MIN_SPAN = 4.0      # a window whose sizes span less than this borrows the calibration points
 
@@ -54,7 +53,7 @@ class CostModel(CostModelSelector):
         return tuple(kinds)
 
     # ---- attach -------------------------------------------------------------------------------------------
-    def prepare(self, planner: "Planner") -> None:
+    def prepare(self, planner: PlannedBuckets) -> None:
         """Calibrate (collective), unless disabled or nothing is compressible."""
         largest = max((b.numel for b in planner.plan.buckets if b.compressible), default=0)
         if not self.config.cost_model.calibrate or largest == 0 or self.fits is not None:
@@ -66,7 +65,7 @@ class CostModel(CostModelSelector):
         self.calibration_s = time.perf_counter() - t0
 
     # ---- every step ---------------------------------------------------------------------------------------
-    def after_step(self, run: Any, planner: "Planner", nonfinite: bool) -> dict[str, Any]:
+    def after_step(self, run: Any, planner: PlannedBuckets, nonfinite: bool) -> dict[str, Any]:
         """Keep the step's samples, refit on agreed steps, and return the record's cost-model keys."""
         codecs = planner.codecs
         for b, action in enumerate(run.plan.actions):        # levels sent are agreed (the plan is)

@@ -1,0 +1,22 @@
+"""The selector ``config.selection`` names: above both ``selection`` (the rules) and ``cost_model`` (which builds on
+them), so neither imports the other's user."""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from ..config import GravacConfig
+from .cost_model.model import CostModel
+from .reduce_rule import ReduceRule
+from .selection import Selector, ThresholdSelector
+
+
+def make_selector(config: GravacConfig, compressor: Any, pattern: Any, rule: ReduceRule, world_size: int,
+                  channels: Optional[Any] = None) -> Selector:
+    """The strategy ``config.selection`` names (the cost model needs the channels to measure and agree)."""
+    threshold = ThresholdSelector(config, pattern, rule, world_size)
+    if config.selection != "cost_model" or channels is None or config.mode == "dense" or compressor.name == "none":
+        return threshold                      # nothing is ever compressed: nothing to price
+    return CostModel(config, compressor, rule, world_size, channels, threshold)
+
+
+__all__ = ["make_selector"]
