@@ -42,8 +42,8 @@ class AccordionConfig(StrictModel):
 
     @model_validator(mode="after")
     def _accum_within_interval(self) -> "AccordionConfig":
-        if self.accum_steps is not None and self.interval_steps is not None \
-                and self.accum_steps > self.interval_steps:
+        if (self.accum_steps is not None and self.interval_steps is not None
+                and self.accum_steps > self.interval_steps):
             raise ValueError(f"accordion.accum_steps ({self.accum_steps}) must be <= "
                              f"accordion.interval_steps ({self.interval_steps})")
         return self   # level order depends on the compressor (CF vs rank): checked when the controller binds
@@ -221,8 +221,8 @@ def unavailable_settings(config: GravacConfig) -> list[str]:
     if config.decision_source == "rank0":
         out.append("decision_source 'rank0': not available in this version; the default 'allreduce' already gives "
                    "every rank identical decisions")
-    if config.selection != "cost_model" and "cost_model" in config.model_fields_set \
-            and config.cost_model.model_fields_set:
+    if (config.selection != "cost_model" and "cost_model" in config.model_fields_set
+            and config.cost_model.model_fields_set):
         keys = ", ".join(f"cost_model.{k} {json.dumps(getattr(config.cost_model, k))}"
                          for k in sorted(config.cost_model.model_fields_set))
         out.append(f"{keys}: only used with selection 'cost_model' (selection is '{config.selection}'); set "

@@ -78,8 +78,8 @@ def free_port() -> int:
 def run_local(script: str, args: list[str], ddp: bool, port: int, timeout: float, log: Path) -> int:
     """Smoke and loopback modes: both ranks on this machine (127.0.0.1), no namespaces."""
     env = _runner_env()
-    launcher = [str(VENV_BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", str(port)] if ddp else \
-        [str(VENV_BIN / "deepspeed"), "--num_gpus", "2", "--master_port", str(port)]
+    launcher = ([str(VENV_BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", str(port)] if ddp else
+        [str(VENV_BIN / "deepspeed"), "--num_gpus", "2", "--master_port", str(port)])
     try:
         with open(log, "w") as fh:
             return subprocess.run(launcher + [script] + args, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT,
@@ -194,8 +194,8 @@ def run_matrix(opts: argparse.Namespace) -> Path:
             cfg_path.write_text(json.dumps(cfg, indent=1))
             log_dir = out / "systems" / sid
             log_dir.mkdir(parents=True, exist_ok=True)
-            args = runner_args(spec, opts.model, opts.steps, cfg_path, log_dir, opts.micro_batch) \
-                + list(opts.runner_extra)
+            args = (runner_args(spec, opts.model, opts.steps, cfg_path, log_dir, opts.micro_batch)
+                + list(opts.runner_extra))
             ddp = spec.system.startswith("ddp")
             if every:
                 action, extra = plan_system(log_dir, opts.steps, opts.ranks, earlier.get(sid))

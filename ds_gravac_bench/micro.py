@@ -66,8 +66,8 @@ from .micro_memory import memory_rows
 from .micro_rank import Rank, fresh_compressor
 from .micro_report import environment, print_table
 from .micro_rows import multilevel, naive_topk, run_level, sampled_threshold
-from .micro_settings import COMPUTE_REF_S, DECODE_NS, LOWRANK_RANKS, MEMORY_NS, OPTIMIZER, SEARCH_PROBES, \
-    SEARCH_SEND, SETS, SMOKE_BUCKET_CAP_MB, SMOKE_SHAPES, TARGET_EXTRA_X, TOPK_ALGORITHMS
+from .micro_settings import (COMPUTE_REF_S, DECODE_NS, LOWRANK_RANKS, MEMORY_NS, OPTIMIZER, SEARCH_PROBES,
+    SEARCH_SEND, SETS, SMOKE_BUCKET_CAP_MB, SMOKE_SHAPES, TARGET_EXTRA_X, TOPK_ALGORITHMS)
 
 __all__ = ["main", "parse_args", "SMOKE_SHAPES"]     # SMOKE_SHAPES: the tests size the smoke set from it
 

@@ -12,8 +12,8 @@ from ds_gravac.compress.base import Compressor
 from ds_gravac.config import GravacConfig
 from ds_gravac.sync.buckets import BucketPlan, classify
 from ds_gravac.sync.codec import BucketCodec, SendLayout
-from ds_gravac.sync.exchange import Exchange, PayloadAllGather, PayloadAllReduce, TwoRoundAllReduce, \
-    payload_exchange
+from ds_gravac.sync.exchange import (Exchange, PayloadAllGather, PayloadAllReduce, TwoRoundAllReduce,
+    payload_exchange)
 from ds_gravac.sync.memory import ErrorFeedbackMemory
 from ds_gravac.sync.planner import Planner
 from ds_gravac.sync.reduce_rule import ReduceRule

@@ -88,8 +88,8 @@ def print_table(report: dict[str, Any]) -> None:
             x, u, g = r["x"], r["uncounted"], r["grad_bytes"]
             probes = ",".join(f"{p:g}" for p in r["probes"]) or "-"
             dc = r["dense_classified"]
-            dense = f"{dc['tensors']} tensors, {dc['flatten_transient_bytes'] / g:.3f} transient" if dc["tensors"] \
-                else "none"
+            dense = (f"{dc['tensors']} tensors, {dc['flatten_transient_bytes'] / g:.3f} transient" if dc["tensors"]
+                else "none")
             print(f"{r['compressor']:<18}{r['send_level']:>6g}  {probes:<18}{r['world_size']:>3}{x['memory']:>8.3f}"
                   f"{x['codec']:>7.3f}{x['recv']:>7.3f}{x['total']:>7.3f}"
                   f"{('<=' if r['within_target'] else '> ') + format(r['target_x'], 'g'):>8}   "

@@ -291,8 +291,8 @@ class GravacController(Controller):
             den, levels, nums, step = agg.den, agg.levels, list(agg.nums), agg.step
         else:
             den = stats.den_raw if self.config.gain_denominator == "raw" else stats.den
-            levels, nums, step = stats.decision.probe_levels, list(stats.nums[:len(stats.decision.probe_levels)]), \
-                stats.step
+            levels, nums, step = (stats.decision.probe_levels, list(stats.nums[:len(stats.decision.probe_levels)]),
+                stats.step)
         if stats.nonfinite > 0 or not _finite(den, *[n for n in nums if n is not None]):
             self.log_event(stats.step, "nonfinite_stats", count=stats.nonfinite)
             return

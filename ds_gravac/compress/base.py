@@ -380,12 +380,12 @@ def check_contract(cls: type) -> None:
     for meth in REQUIRED_METHODS:
         if not callable(getattr(cls, meth, None)):
             raise TypeError(f"ds_gravac: compressor {cls.__name__} lacks method '{meth}'")
-    if cls.make_plan is Compressor.make_plan or cls.compress is Compressor.compress \
-            or cls.decompress is Compressor.decompress:
+    if (cls.make_plan is Compressor.make_plan or cls.compress is Compressor.compress
+            or cls.decompress is Compressor.decompress):
         raise TypeError(f"ds_gravac: compressor {cls.__name__} must implement make_plan, compress, decompress")
     params = cls.Params
-    if not (isinstance(params, type) and issubclass(params, BaseModel)) \
-            or params.model_config.get("extra") != "forbid":
+    if (not (isinstance(params, type) and issubclass(params, BaseModel))
+            or params.model_config.get("extra") != "forbid"):
         raise TypeError(f"ds_gravac: compressor {cls.__name__}.Params must be a pydantic model with extra='forbid'")
     if not isinstance(cls.kind, Kind):
         raise TypeError(f"ds_gravac: compressor {cls.__name__}.kind must be a ds_gravac Kind")

@@ -185,8 +185,8 @@ class LowRankCompressor(Compressor):
         store = self.factors.setdefault(ctx.key, {})
         f = store.get(side)
         if f is None or tuple(f.shape) != (width, cols):
-            f = store[side] = seeded_factor(ctx.seed, f"{ctx.key}:{side}", cols, width, device=device).t() \
-                .contiguous()
+            f = store[side] = (seeded_factor(ctx.seed, f"{ctx.key}:{side}", cols, width, device=device).t()
+                .contiguous())
         elif f.device != device:          # restored from a checkpoint on the CPU
             f = store[side] = f.to(device)
         return f

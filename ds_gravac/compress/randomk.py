@@ -24,8 +24,8 @@ except ImportError:  # pragma: no cover - numpy ships with deepspeed
     np = None
 
 from . import sparse_select as sel
-from .base import CompressCtx, Compressor, CompressorParams, Kind, Payload, Section, TensorPlan, generator, \
-    k_for, mix_seed, stable_hash
+from .base import (CompressCtx, Compressor, CompressorParams, Kind, Payload, Section, TensorPlan, generator,
+    k_for, mix_seed, stable_hash)
 from .counter_rng import splitmix_block
 from .device_path import host_kernels
 

@@ -108,8 +108,8 @@ class SparseCompressor(Compressor):
         assert k2 <= p1.plan.k, f"ds_gravac: multi-level needs k2 <= k1 (k2={k2}, k1={p1.plan.k})"
         m1 = sel.real_count(p1["idx"], p1["val"])
         idx1, val1 = p1["idx"][:m1], p1["val"][:m1]
-        pos = self.select_stage2(sel.abs_float(val1), k2, plan2, x, ctx) if m1 > k2 else \
-            torch.arange(m1, device=val1.device)
+        pos = (self.select_stage2(sel.abs_float(val1), k2, plan2, x, ctx) if m1 > k2 else
+            torch.arange(m1, device=val1.device))
         m = sel.write_gathered(out["idx"], out["val"], idx1, val1, pos)
         return torch.tensor(m)
 

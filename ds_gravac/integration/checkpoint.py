@@ -163,8 +163,8 @@ def load_checkpoint(handle: Any, load_dir: str, tag: Optional[str], *ds_args: An
     if load_path is None:
         return load_path, client_state
     rank = handle.sync.rank if handle.sync is not None else 0
-    per_rank = read_rank_file(os.path.dirname(load_path), rank) if handle.config.checkpoint.per_rank_files \
-        else None
+    per_rank = (read_rank_file(os.path.dirname(load_path), rank) if handle.config.checkpoint.per_rank_files
+        else None)
     replicated = (client_state or {}).pop(CLIENT_KEY, None)
     if replicated is None and per_rank is not None:
         replicated = per_rank.get("replicated")

@@ -385,8 +385,8 @@ def attach(engine: Any, config: Union[Mapping[str, Any], GravacConfig, None] = N
     """Take over the engine's gradient averaging. Collective: every rank calls it between optimizer steps."""
     existing = getattr(engine, HANDLE_ATTR, None)
     if existing is not None:
-        if config is not None and parse_config(_resolve_section(engine, config)).config_hash() \
-                != existing.config.config_hash():
+        if (config is not None and parse_config(_resolve_section(engine, config)).config_hash()
+                != existing.config.config_hash()):
             raise GravacConfigError("ds_gravac: engine already attached with a different 'gravac' config; "
                                     "call handle.detach() first")
         return existing

@@ -46,7 +46,7 @@ def validate_engine(engine: Any) -> None:
         unsupported("managed_gradient_accumulation is false: the accumulation boundary is only visible inside step(); "
                     "remove the key")
     for name, module in engine.module.named_modules():
-        if isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and module.sparse \
-                and module.weight.requires_grad:
+        if (isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and module.sparse
+                and module.weight.requires_grad):
             unsupported(f"sparse gradients are not supported: module '{name}' is {type(module).__name__}(sparse=True); "
                         f"construct it with sparse=False (its gradient is then a dense tensor ds_gravac can exchange)")

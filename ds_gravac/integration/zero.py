@@ -56,8 +56,8 @@ def validate_zero(engine: Any) -> None:
                     "supported: it replaces the gradient exchange ds_gravac takes over; remove those keys")
     from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
     opt = engine.optimizer
-    if isinstance(opt, BF16_Optimizer) or getattr(opt, "use_grad_accum_attribute", False) \
-            or getattr(opt, "gradient_accumulation_dtype", None) not in (None, getattr(opt, "dtype", None)):
+    if (isinstance(opt, BF16_Optimizer) or getattr(opt, "use_grad_accum_attribute", False)
+            or getattr(opt, "gradient_accumulation_dtype", None) not in (None, getattr(opt, "dtype", None))):
         unsupported("data_types.grad_accum_dtype different from the model dtype is not supported with ZeRO: the "
                     "optimizer then accumulates gradients in a side buffer that ds_gravac cannot average at the "
                     "boundary; remove data_types.grad_accum_dtype (gradients accumulate in the model dtype)")

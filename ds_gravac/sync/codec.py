@@ -285,5 +285,5 @@ _EMPTY = TensorPlan(0, 1.0, 0, (), 0)      # a member without a second-round pay
 
 def _is_sparse_fp32(plan: TensorPlan) -> bool:
     names = {s.name: s for s in plan.sections}
-    return set(names) == {"idx", "val"} and names["val"].dtype == torch.float32 \
-        and names["idx"].dtype == torch.int32
+    return (set(names) == {"idx", "val"} and names["val"].dtype == torch.float32
+        and names["idx"].dtype == torch.int32)

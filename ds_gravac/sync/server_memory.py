@@ -98,10 +98,10 @@ class ServerResiduals:
         saved = (state or {}).get("residuals") or {}
         if not self.enabled or not saved:
             return
-        same = state.get("format") == FORMAT and state.get("world_size") == self.world_size \
-            and state.get("signature") == self.signature
-        if not same or set(saved) != set(self.slots) \
-                or any(saved[b].numel() != self.slots[b].numel() for b in self.slots):
+        same = (state.get("format") == FORMAT and state.get("world_size") == self.world_size
+            and state.get("signature") == self.signature)
+        if (not same or set(saved) != set(self.slots)
+                or any(saved[b].numel() != self.slots[b].numel() for b in self.slots)):
             logger.warning("ds_gravac: the checkpoint's server residuals belong to another bucket plan or world "
                            "size: they start at zero")
             return

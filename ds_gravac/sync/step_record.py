@@ -23,8 +23,8 @@ def step_record_of(sync: SyncParts, run: "RunningStep", agreed: AgreedStats,
     compressed = [b for b, a in enumerate(actions) if a.compressed]
     compressed_numel = sum(sync.plan.buckets[b].numel for b in compressed)
     dense_values = sync.numel_total - compressed_numel
-    payload = sum(4 * run.layouts[b].payload_words for b in compressed) \
-        + dense_values * sync.rule.comm_bytes_per_element
+    payload = (sum(4 * run.layouts[b].payload_words for b in compressed)
+        + dense_values * sync.rule.comm_bytes_per_element)
     decision = run.plan.decision
     rec = statvec.step_record(
         step=run.plan.step, mode=sync.config.mode, branch="dense" if nonfinite else str(decision.branch),

@@ -135,8 +135,8 @@ class Synchronizer:
         if self.plan.frozen and self.controller.broadcast_point(step):
             self.controller.before_proposal(step)
             size = self.controller.proposal_size()
-            prop = self.controller.propose(step, self.stats.agreed_lr) if self.rank == 0 \
-                else torch.zeros(size, dtype=torch.int64)
+            prop = (self.controller.propose(step, self.stats.agreed_lr) if self.rank == 0
+                else torch.zeros(size, dtype=torch.int64))
             prop = prop.to(torch.int64).reshape(size).clone()
             broadcast(prop, 0, self.channels.control, "broadcast of rank 0's decision")
             switched = self.controller.accept(step, prop)
@@ -241,8 +241,8 @@ class Synchronizer:
             run.staged[b] = xs
         elif action.compressed:      # in chunks (cost model): chunk j+1 is encoded while chunk j is in flight
             ex = self.planner.chunked(b, action) if action.chunks > 1 else None
-            lay, es = codec.encode(xs, action.levels, plan.probes, live) if ex is None else \
-                ex.encode_and_issue(xs, plan.probes, live, self.channels.data_channels, self._issue_held)
+            lay, es = (codec.encode(xs, action.levels, plan.probes, live) if ex is None else
+                ex.encode_and_issue(xs, plan.probes, live, self.channels.data_channels, self._issue_held))
             run.encode_s[b] = es.compress_s - es.probe_s
         else:
             lay, es = codec.encode(xs, None, plan.probes, live) if plan.probes else (None, None)

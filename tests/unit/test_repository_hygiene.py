@@ -90,3 +90,30 @@ def test_the_path_pattern_finds_what_it_should() -> None:
     assert _named(text) == ["ds_configs/x.json", "docs/bench/a.json", "docs/zero.md"]
     assert _anchors("# A title\n## 9. Cost-model selection\n## Method") == {"a-title", "9-cost-model-selection", "method"}
     assert MACHINE_PATH.search("out = " + "/" + "tmp/x") and not MACHINE_PATH.search("tempfile.gettempdir()")
+
+
+CODE_DIRS = ("ds_gravac", "ds_gravac_bench", "runners")
+
+
+def backslash_continuations(source: str) -> list[int]:
+    """Lines that end in a backslash continuation (outside strings and comments)."""
+    import io
+    import tokenize
+
+    in_strings: set[int] = set()
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.STRING:
+            in_strings.update(range(tok.start[0], tok.end[0]))
+    return [i for i, line in enumerate(source.splitlines(), 1)
+            if line.rstrip().endswith("\\") and i not in in_strings and not line.lstrip().startswith("#")]
+
+
+def test_the_code_has_no_backslash_continuations() -> None:
+    """Parentheses, not backslashes, continue a line (a backslash breaks on a trailing space)."""
+    found = [f"{p.relative_to(ROOT)}:{i}" for d in CODE_DIRS for p in sorted((ROOT / d).rglob("*.py"))
+             for i in backslash_continuations(p.read_text(encoding="utf-8"))]
+    assert not found, found
+
+
+def test_the_continuation_scan_sees_one() -> None:
+    assert backslash_continuations('x = 1 + \\\n    2\ny = "a \\\nb"\n') == [1]

@@ -108,8 +108,8 @@ class CostModel(CostModelSelector):
                 continue
             action, ex = run.plan.actions[b], run.exchanges.get(b)
             last = ex.works[-1] if ex is not None and ex.works else None
-            took = last.finish_t - run.launch_t[b] if last is not None and last.finish_t is not None \
-                and b in run.launch_t else math.nan
+            took = (last.finish_t - run.launch_t[b] if last is not None and last.finish_t is not None
+                and b in run.launch_t else math.nan)
             pd, pc = action.predicted if action.predicted is not None else (math.nan, math.nan)
             rows.append({"bucket": b, "numel": bucket.numel, "choice": "compress" if action.compressed else "dense",
                          "exchange": (action.exchange or self.candidates[0]) if action.compressed else "dense",

@@ -42,8 +42,8 @@ def codec_time(fits: FitTable, kind: str, plans: Sequence[TensorPlan]) -> float:
 
 
 def dense_time(fits: FitTable, numel: int, comm_bytes_per_element: int) -> float:
-    return fits.get(STAGE)(numel) + fits.get(ALL_REDUCE)(comm_bytes_per_element * numel) \
-        + fits.get(WRITEBACK)(numel)
+    return (fits.get(STAGE)(numel) + fits.get(ALL_REDUCE)(comm_bytes_per_element * numel)
+        + fits.get(WRITEBACK)(numel))
 
 
 def pipeline_time(cpu: Sequence[float], link: Sequence[float]) -> float:
@@ -77,7 +77,7 @@ def compressed_time(fits: FitTable, exchange: str, numel: int, world_size: int,
         return edges + enc + fits.get(ALL_GATHER)(payload) + n * dec
     if exchange == "casync_ps":
         part = plans[0]                    # N equal partition plans
-        return edges + enc + codec_time(fits, "encode", [part]) + 2 * dec \
-            + fits.get(ALL_TO_ALL)(payload) + fits.get(ALL_GATHER)(payload / n)
+        return (edges + enc + codec_time(fits, "encode", [part]) + 2 * dec
+            + fits.get(ALL_TO_ALL)(payload) + fits.get(ALL_GATHER)(payload / n))
     raise ValueError(f"ds_gravac: the cost model cannot price the exchange pattern '{exchange}' "
                      f"(priced: {', '.join(PRICED)})")

@@ -26,8 +26,8 @@ from .predict import CHUNKED, PRICED, compressed_time, dense_time
 def exchange_candidates(quantized_exchange: str, compressor: Compressor) -> tuple[str, ...]:
     """Patterns the cost model may choose between for this compressor (the first is its own)."""
     own = exchange_name(compressor, quantized_exchange)
-    if compressor.kind == Kind.QUANTIZED and quantized_exchange == "auto" and own == "casync_ps" \
-            and owners_average(compressor):
+    if (compressor.kind == Kind.QUANTIZED and quantized_exchange == "auto" and own == "casync_ps"
+            and owners_average(compressor)):
         return (own, "allgather")
     return (own,)
 
@@ -36,8 +36,8 @@ def check_priceable(compressor: Compressor, candidates: tuple[str, ...]) -> None
     """Refuse, at attach, compressors whose time the model cannot predict."""
     shaped = type(compressor).tensor_plan is not Compressor.tensor_plan
     if shaped or any(c not in PRICED for c in candidates):
-        why = "its payloads depend on matrix shapes" if shaped else f"its exchange pattern '{candidates[0]}' " \
-            f"is not priced (priced: {', '.join(PRICED)})"
+        why = ("its payloads depend on matrix shapes" if shaped else f"its exchange pattern '{candidates[0]}' "
+            f"is not priced (priced: {', '.join(PRICED)})")
         raise GravacUnsupportedError(
             f"ds_gravac: selection 'cost_model' is not available in this version for the compressor "
             f"'{compressor.name}': {why}; use \"selection\": \"threshold\" (key \"selection\")")

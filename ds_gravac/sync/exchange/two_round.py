@@ -27,8 +27,8 @@ class TwoRoundAllReduce(Exchange):
         super().__init__(what)
         self.codec, self.layout = codec, layout
         second = layout.round2.numel() if layout.round2 is not None else 0
-        self.bytes_sent = ring_allreduce_bytes(4 * layout.words, world_size) \
-            + ring_allreduce_bytes(4 * second, world_size)
+        self.bytes_sent = (ring_allreduce_bytes(4 * layout.words, world_size)
+            + ring_allreduce_bytes(4 * second, world_size))
 
     def launch(self, channels: Sequence[Any]) -> None:
         self.works[0] = all_reduce_async(self.layout.send, channels[0], f"all_reduce (round 1) of {self.what}")
