@@ -71,6 +71,7 @@ class AutoController(Controller):
         self.step_times: list[float] = []           # this interval's agreed measured steps (mean over ranks)
         self._levels: dict[str, float] = {}
         self._fits: Optional[FitTable] = None        # re-timed link (auto.remeasure_decisions), newer than attach's
+        self._priced: Optional[tuple[tuple, list[list[float]]]] = None    # (pricer key, times): derived, not state
 
     # ---- groups (called by the synchronizer before the first plan) ----------------------------------------
     def signal_groups(self, named_shapes: Sequence[tuple[str, Sequence[int]]]) -> GroupSpec:
@@ -148,7 +149,12 @@ class AutoController(Controller):
         return Pricer({k: fits.get(k) for k in fits.names() if k != GEMM}, world, codec=codec)
 
     def _tables(self, signals: GroupErrors) -> tuple[list[list[float]], list[list[float]]]:
-        return self._pricer().times(self.groups), signals.errors(self.groups)
+        """Every rung's seconds (priced once per set of fits: rank 0 prices at ``propose``, every rank again at
+        ``accept``) and unsent energy."""
+        pricer = self._pricer()
+        if self._priced is None or self._priced[0] != pricer.key:
+            self._priced = (pricer.key, pricer.times(self.groups))
+        return [list(row) for row in self._priced[1]], signals.errors(self.groups)
 
     def _budget(self, errors: list[list[float]], times: list[list[float]], tight: bool
                 ) -> tuple[float, float, float]:

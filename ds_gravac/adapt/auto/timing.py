@@ -101,6 +101,12 @@ class Pricer:
         self.qsgd = QSGDCompressor(QSGDParams(bucket_size=qsgd_block))
         self.topk = TopK()
 
+    @property
+    def key(self) -> tuple:
+        """Everything the prices depend on: two pricers with equal keys price every level alike."""
+        return (self.world_size, self.overlap, self.qsgd.params.bucket_size,
+                tuple((fam, tuple(sorted(t.fits.items()))) for fam, t in sorted(self.tables.items())))
+
     # ---- one level -------------------------------------------------------------------------------------
     def cost(self, group: Group, level: Level) -> LevelCost:
         m = group.numel
