@@ -27,6 +27,7 @@ from ..telemetry.sinks import JsonlSink
 from ..version import __version__
 from .agreement import agree_config, agree_ok, agree_parameters
 from .checkpoint import load_checkpoint, route_engine_checkpoints, save_checkpoint, unroute_engine_checkpoints
+from . import teardown
 from .shm_buffer import release_shm_buffer
 from .validation import validate_engine
 from .zero import ZeroBridge, zero_stage
@@ -113,6 +114,7 @@ class GravacHandle:
         self.compressor: Optional[Compressor] = None
         self.controller: Optional[Controller] = None
         self.sync: Optional[Synchronizer] = None
+        self.channels: Optional[Channels] = None
         self._sink: Optional[JsonlSink] = None
         self._moved_hyperparams: list[tuple[dict, str, Any]] = []
         self._moved_clipping: list[tuple[Any, str, float]] = []     # (object, attribute, the engine's value)
@@ -137,6 +139,7 @@ class GravacHandle:
         agree_ok(sink_problem, None)
         self.compressor = comp
         self.channels = Channels.create(cfg.timeout_s)
+        teardown.track(self)
         self.controller = build_controller(cfg)
         rule = ReduceRule.from_engine(eng, world)
         self.sync = Synchronizer(eng, cfg, comp, self.controller, self.channels, rule, bucket_order,
@@ -297,6 +300,13 @@ class GravacHandle:
         self.active = False
         if getattr(self.engine, HANDLE_ATTR, None) is self:
             delattr(self.engine, HANDLE_ATTR)
+
+    def release(self) -> None:
+        """At interpreter exit (``teardown``): stop hooking the engine and destroy our process groups."""
+        if self.sync is not None:
+            self.sync.close()
+        if self.channels is not None:
+            self.channels.release()
 
     @property
     def rank(self) -> int:

@@ -114,6 +114,14 @@ class Channels:
         groups = [tdist.new_group(ranks=list(range(n)), timeout=timeout, backend=b) for b in (control, None, None)]
         return cls(world_size=n, rank=dist.get_rank(), groups=groups)
 
+    def release(self) -> None:
+        """Destroy our groups (their gloo threads stop); a no-op once the default group is gone, which took them."""
+        import torch.distributed as tdist
+        groups, self.groups = self.groups, []
+        if tdist.is_initialized():
+            for group in groups:
+                tdist.destroy_process_group(group)
+
     @property
     def control(self) -> Any:
         return self.groups[0]
