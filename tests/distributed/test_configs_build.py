@@ -1,4 +1,5 @@
-"""Every file in ds_configs/ and ds_configs/bench/ builds a real 2-rank engine with ds_gravac.initialize and trains a few steps.
+"""Every file in ds_configs/ and ds_configs/bench/ builds a real 2-rank engine with ds_gravac.initialize and trains
+a few steps.
 
 The batch size is overridden and the model is a small MLP (a 38,400-element 600 × 64 weight and a 360,000-element
 600 × 600 one, so the 16,384-element compression threshold of the configs is crossed, and even the largest shipped
@@ -69,7 +70,8 @@ def _all_configs(rank: int, world: int, paths: list) -> dict:
             # VGG16-bn's classifier-only files (3M): the toy model has no tensor that large, so they would
             # compress nothing here; the usual threshold lets the run exercise their compressor
             cfg["gravac"]["min_compress_numel"] = 16384
-        out[os.path.relpath(path, DIR).replace(os.sep, "/")] = {**_train(rank, cfg), "clip_config": cfg["gradient_clipping"]}
+        name = os.path.relpath(path, DIR).replace(os.sep, "/")
+        out[name] = {**_train(rank, cfg), "clip_config": cfg["gradient_clipping"]}
     return out
 
 
@@ -94,9 +96,10 @@ def test_config_trains_on_two_ranks(built: list, name: str) -> None:
 
 
 def test_compressing_configs_send_fewer_values(built: list) -> None:
-    """Every compressing config sends fewer values by its last step (a quantizer: fewer bytes) — or, for GraVAC, stays dense only because the
-    gain it measured on the compressed candidate is below its ε (DGC at ε 0.7 on this toy model: DGC's per-tensor
-    clipping evens the tensors, and Top-k 10% keeps ~68% of the velocity's energy, under ε 0.7)."""
+    """Every compressing config sends fewer values by its last step (a quantizer: fewer bytes) — or, for GraVAC,
+    stays dense only because the gain it measured on the compressed candidate is below its ε (DGC at ε 0.7 on this
+    toy model: DGC's per-tensor clipping evens the tensors, and Top-k 10% keeps ~68% of the velocity's energy, under
+    ε 0.7)."""
     for name, res in built[0].items():
         sent = [r["values_sent"] for r in res["records"]]
         if "dense" in name or "accordion" in name:

@@ -79,7 +79,8 @@ def test_config_sets_the_required_keys(path: str) -> None:
     cfg = _load(path)
     name = os.path.relpath(path, DIR).replace(os.sep, "/")
     assert "gradient_clipping" in cfg, "DeepSpeed 0.19.8 clips at 1.0 unless gradient_clipping is set"
-    assert cfg.get("zero_optimization", {}).get("stage") == ZERO_KEYS.get(name, {}).get("zero_optimization", {}).get("stage", 0)
+    stage = ZERO_KEYS.get(name, {}).get("zero_optimization", {}).get("stage", 0)
+    assert cfg.get("zero_optimization", {}).get("stage") == stage
     assert not (isinstance(cfg.get("wandb"), dict) and cfg["wandb"].get("enabled")), \
         "DeepSpeed's wandb monitor conflicts with the runner's run"
     assert "gravac" in cfg

@@ -27,8 +27,9 @@ def _tracked() -> list[Path]:
 
 
 def named_configs(text: str) -> list[str]:
-    """The ``ds_configs/...json`` paths a text names, patterns and older trees' files left out."""
-    return [m.group(0) for m in CONFIG_PATH.finditer(text) if not OLD_TREE.search(text[max(0, m.start() - 41):m.start()])]
+    """The config paths (under ds_configs/, ending in .json) a text names; patterns and older trees' files left out."""
+    return [m.group(0) for m in CONFIG_PATH.finditer(text)
+            if not OLD_TREE.search(text[max(0, m.start() - 41):m.start()])]
 
 
 def test_the_pattern_finds_what_it_should() -> None:
