@@ -16,7 +16,7 @@ export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/$(VENV)/torch_extensions
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 MODEL ?= resnet101
-CONFIG ?= ds_configs/resnet101_recommended.json
+CONFIG ?= ds_configs/default.json
 # Two pytest workers (pytest-xdist), whole files to one worker (module fixtures shared): a launch spends seconds
 # on one core importing torch and DeepSpeed, time the other worker's tests use. PYTEST_WORKERS=0 runs serially.
 PYTEST_WORKERS ?= 2

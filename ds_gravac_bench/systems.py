@@ -205,7 +205,7 @@ def resolve_system(matrix: dict[str, SystemSpec], sid: str, base: Optional[dict[
     JSON; a dotted key such as ``compressor.params.rank`` reaches inside a nested object), so one invocation compares e.g. GraVAC at several ε, or with ``gain_denominator=raw``, against the
     same DeepSpeed dense run. Values are validated with the whole section before any cluster comes up.
     ``cfg:<file>`` is a config file's section (:func:`config_system`, checked against ``base``), and takes the same
-    ``@key=value`` overrides (``cfg:ds_configs/lstm_gravac_geo.json@warmup_steps=25``)."""
+    ``@key=value`` overrides (``cfg:ds_configs/bench/lstm_gravac_geo.json@warmup_steps=25``)."""
     head, *overrides = sid.split("@")
     if head.startswith("cfg:"):
         spec = config_system(head[4:], base)

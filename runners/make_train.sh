@@ -3,18 +3,19 @@
 # few minutes on 2 CPU cores, then the runner prints its summary (CF timeline, bytes, eval, the loss next to the
 # dense run's when one exists, wandb run dir).
 #
-# Default: ResNet101 with ds_configs/resnet101_recommended.json (static PowerSGD rank 16: the configuration that
-# reached DeepSpeed dense's loss soonest in docs/BENCHMARKS.md) on synthetic CIFAR-10, micro batch 16 per rank
-# instead of the config's 32 (ResNet101 fwd+bwd at 16 is ~0.5 s on one core): about 3-4 minutes including
-# start-up. With the default CONFIG and another MODEL, ds_configs/<model>_recommended.json is used (VGG16-bn,
-# PowerSGD rank 64: 80 steps; the LSTM: runners/train_ptb.py, "medium" 650 wide, 60 steps).
-# MODEL=resnet18/tiny_cnn/mlp run runners/train_cifar.py with the ResNet101 config.
+# Default: ResNet101 with ds_configs/default.json (`"gravac": {}`, ds_gravac's defaults, with ResNet101's
+# hyper-parameters) on synthetic CIFAR-10, micro batch 16 per rank instead of the config's 32 (ResNet101 fwd+bwd at
+# 16 is ~0.5 s on one core): about 3-4 minutes including start-up. With the default CONFIG and another MODEL that
+# has a ds_configs/<model>_dense.json, the defaults run with that model's hyper-parameters: its dense config with
+# default.json's "gravac" section, written to runs/make-train/<model>/default.json (VGG16-bn: 80 steps; the LSTM:
+# runners/train_ptb.py, "medium" 650 wide, 60 steps; the MLP). MODEL=resnet18/tiny_cnn run runners/train_cifar.py
+# with default.json as it is. Per-model faster settings: CONFIG=ds_configs/<model>_recommended.json.
 # Environment knobs: STEPS, MICRO_BATCH (empty: the config's), NPROC (2), MASTER_PORT (default: a free port),
 # TRAIN_ARGS (extra runner options, e.g. "--system deepspeed --no-wandb").
 set -euo pipefail
 MODEL="${1:-resnet101}"
-CONFIG="${2:-ds_configs/resnet101_recommended.json}"
-DEFAULT_CONFIG="ds_configs/resnet101_recommended.json"
+DEFAULT_CONFIG="ds_configs/default.json"
+CONFIG="${2:-$DEFAULT_CONFIG}"
 
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 export DS_ACCELERATOR="${DS_ACCELERATOR:-cpu}"
@@ -29,8 +30,19 @@ case "$MODEL" in
   lstm)      steps=60;  micro=""; RUNNER=runners/train_ptb.py; EXTRA=(--lstm-size medium) ;;
   *)         steps=120; micro="" ;;
 esac
-if [ "$CONFIG" = "$DEFAULT_CONFIG" ] && [ "$MODEL" != resnet101 ] && [ -f "ds_configs/${MODEL}_recommended.json" ]; then
-  CONFIG="ds_configs/${MODEL}_recommended.json"
+if [ "$CONFIG" = "$DEFAULT_CONFIG" ] && [ "$MODEL" != resnet101 ] && [ -f "ds_configs/${MODEL}_dense.json" ]; then
+  CONFIG="runs/make-train/$MODEL/default.json"
+  mkdir -p "runs/make-train/$MODEL"
+  python - "ds_configs/${MODEL}_dense.json" "$DEFAULT_CONFIG" "$CONFIG" <<'EOF'
+import json, sys
+dense, defaults, out = sys.argv[1:]
+with open(dense, encoding="utf-8") as f:
+    cfg = json.load(f)
+with open(defaults, encoding="utf-8") as f:
+    cfg["gravac"] = json.load(f)["gravac"]
+with open(out, "w", encoding="utf-8") as f:
+    json.dump(cfg, f, indent=2)
+EOF
 fi
 STEPS="${STEPS:-$steps}"
 MICRO_BATCH="${MICRO_BATCH-$micro}"

@@ -1,6 +1,6 @@
 """Image classification runner: ResNet101 / VGG16-bn (torchvision) on CIFAR-10/100 or synthetic images.
 
-    deepspeed --num_gpus 2 runners/train_cifar.py --model resnet101 --deepspeed_config ds_configs/gravac_topk.json
+    deepspeed --num_gpus 2 runners/train_cifar.py --model resnet101 --deepspeed_config ds_configs/bench/gravac_topk.json
     torchrun --nproc_per_node 2 runners/train_cifar.py --model tiny_cnn --deepspeed_config ... --steps 20
 
 ``--system`` picks ds_gravac, plain DeepSpeed or torch DDP (+PowerSGD) with the same loop, data and optimizer.

@@ -1,6 +1,6 @@
 """Hugging Face ``Trainer`` + DeepSpeed + ``ds_gravac.GravacCallback`` on a small causal LM built from a config.
 
-    deepspeed --num_gpus 2 runners/train_hf.py --deepspeed_config ds_configs/hf_topk.json --steps 20
+    deepspeed --num_gpus 2 runners/train_hf.py --deepspeed_config ds_configs/hf.json --steps 20
 
 No downloaded weights or tokenizers: the vocabulary is built from the training text (a local file given with
 ``--text-file``, else a deterministic synthetic Markov-chain text from ``runners.data``).

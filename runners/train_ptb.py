@@ -1,6 +1,6 @@
 """Language-model runner: 2-layer LSTM (GraVAC's LSTM: vocab 10k, 1500 wide) on PTB or a synthetic stream.
 
-    deepspeed --num_gpus 2 runners/train_ptb.py --deepspeed_config ds_configs/lstm_gravac_exp.json --lstm-size medium
+    deepspeed --num_gpus 2 runners/train_ptb.py --deepspeed_config ds_configs/bench/lstm_gravac_exp.json --lstm-size medium
 
 Each rank trains on its own contiguous 1/N of the token stream in the classic batchified layout; the hidden state
 is carried (detached) across BPTT windows and reset at each epoch start. Evaluation reports perplexity on the

@@ -197,7 +197,7 @@ def _shipped_job(rank: int, world: int, path: str) -> dict:
 @pytest.mark.parametrize("name", ["lstm_gravac_acpsgd.json"])
 def test_a_shipped_lowrank_gravac_section_trains_on_the_aggregate_gain(name: str) -> None:
     import os
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "ds_configs", name)
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "ds_configs", "bench", name)
     a, b = run_ranks(_shipped_job, 2, path)
     assert a["gain"] == "aggregate" and a["gains"] and all(n > 0 for n in a["gains"].values())
     assert a["gains"] == b["gains"]

@@ -67,7 +67,7 @@ def _jsonl(path: str) -> list[dict]:
 def work(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """Static Top-k 10x with a threshold low enough that tiny_cnn's weights are compressed (residuals != 0)."""
     d = str(tmp_path_factory.mktemp("runners"))
-    cfg = _write_config(os.path.join(d, "tiny_topk.json"), "resnet101_topk_10x.json", min_compress_numel=1000,
+    cfg = _write_config(os.path.join(d, "tiny_topk.json"), "bench/resnet101_topk_10x.json", min_compress_numel=1000,
                         bucket_cap_mb=0.01)
     return {"dir": d, "config": cfg}
 
@@ -184,7 +184,7 @@ def test_resume_reproduces_the_uninterrupted_run(full: dict, resumed: dict) -> N
 
 
 def test_train_ptb_tiny_lstm(tmp_path: Any) -> None:
-    cfg = _write_config(str(tmp_path / "lstm.json"), "lstm_gravac_exp.json", window=4,
+    cfg = _write_config(str(tmp_path / "lstm.json"), "bench/lstm_gravac_exp.json", window=4,
                         refresh_steps=1, min_sent_steps=1, theta_min=2, theta_max=100)
     proc = launch([PTB, "--deepspeed_config", cfg, "--lstm-size", "tiny", "--vocab-size", "500",
                    "--synthetic-tokens", "40000", "--steps", "12", "--eval-every", "6", "--eval-batches", "5",

@@ -306,11 +306,12 @@ def test_defaults_and_effective_settings_pass(section: dict[str, Any]) -> None:
 
 
 def test_shipped_configs_use_only_available_settings() -> None:
-    """Every ds_configs/*.json "gravac" section still attaches: none sets a key refused above."""
+    """Every ds_configs/*.json and ds_configs/bench/*.json "gravac" section still attaches: none sets a key refused
+    above."""
     import json
     from pathlib import Path
-    paths = sorted((Path(__file__).resolve().parents[2] / "ds_configs").glob("*.json"))
-    assert len(paths) >= 10
+    paths = sorted((Path(__file__).resolve().parents[2] / "ds_configs").glob("**/*.json"))
+    assert len(paths) >= 70
     for path in paths:
         config = parse_config(json.loads(path.read_text()).get("gravac"))
         reject_unimplemented(config)

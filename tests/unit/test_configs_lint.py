@@ -14,8 +14,25 @@ from ds_gravac.compress.powersgd import PowerSGD
 from ds_gravac.config import parse_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CONFIGS = sorted(glob.glob(os.path.join(ROOT, "ds_configs", "*.json")))
-IDS = [os.path.basename(p) for p in CONFIGS]
+DIR = os.path.join(ROOT, "ds_configs")
+# both levels: the files a user starts from (top level) and the benchmark's grid (bench/)
+CONFIGS = sorted(glob.glob(os.path.join(DIR, "*.json")) + glob.glob(os.path.join(DIR, "bench", "*.json")))
+IDS = [os.path.relpath(p, DIR).replace(os.sep, "/") for p in CONFIGS]     # "default.json", "bench/lstm_dense..."
+TOP = [name for name in IDS if "/" not in name]
+MODELS = ("resnet101", "vgg16", "lstm", "mlp")
+# Which rule a file follows. "model": a runner model's file (<model>_*.json at either level, and bench/'s
+# gravac_topk.json, a ResNet101 file): the runner conventions, and everything but "gravac" equal to
+# <model>_dense.json, so that comparing two files compares only the synchronization. "resnet101": a starting point
+# with ResNet101's hyper-parameters (make train's model) and the defaults, so everything but "gravac" (and, for
+# zero2.json, the ZeRO keys) equals resnet101_dense.json. "own": an example script's file with its own
+# hyper-parameters (runners/minimal_example.py, runners/train_hf.py), checked for the required keys only.
+USER_FILES = {"default.json": "resnet101", "dense.json": "resnet101", "zero2.json": "resnet101",
+              "minimal_topk.json": "own", "hf.json": "own"}
+USER_SECTIONS = {"default.json": {}, "dense.json": {"mode": "dense"}, "zero2.json": {}}   # the defaults, nothing else
+ZERO_KEYS = {"zero2.json": {"zero_optimization": {"stage": 2}, "zero_allow_untested_optimizer": True}}
+# torch's LR schedulers (MultiStepLR) refuse DeepSpeed 0.19.8's ZeRO optimizer wrapper ("... is not an Optimizer")
+NO_SCHEDULER = {"zero2.json"}
+MODEL_OF = {"bench/gravac_topk.json": "resnet101"}
 
 
 def _load(path: str) -> dict:
@@ -23,26 +40,56 @@ def _load(path: str) -> dict:
         return json.load(f)
 
 
+def rule(name: str) -> str:
+    if name in USER_FILES:
+        return USER_FILES[name]
+    if name in MODEL_OF or os.path.basename(name).split("_")[0] in MODELS:
+        return "model"
+    raise AssertionError(f"ds_configs/{name}: no lint rule applies; add it to USER_FILES or name it <model>_*.json")
+
+
+def model_of(name: str) -> str:
+    return MODEL_OF.get(name, os.path.basename(name).split("_")[0])
+
+
 def test_configs_exist() -> None:
     names = set(IDS)
     for model in ("resnet101", "vgg16", "lstm"):
-        for kind in ("dense", "topk_10x", "topk_1000x", "dgc_10x", "dgc_1000x", "redsync_10x", "redsync_1000x",
+        for kind in ("topk_10x", "topk_1000x", "dgc_10x", "dgc_1000x", "redsync_10x", "redsync_1000x",
                      "randomk_10x", "randomk_1000x", "accordion", "gravac_exp", "gravac_geo",
                      "powersgd_r1", "powersgd_r4", "acpsgd_r1", "acpsgd_r4", "accordion_powersgd",
                      "accordion_acpsgd", "gravac_powersgd", "gravac_acpsgd"):
-            assert f"{model}_{kind}.json" in names
-    assert "gravac_topk.json" in names
+            assert f"bench/{model}_{kind}.json" in names
+        assert f"{model}_dense.json" in names and f"{model}_recommended.json" in names
+    assert "bench/gravac_topk.json" in names and "mlp_dense.json" in names
+    assert set(USER_FILES) <= names
+
+
+def test_top_level_holds_at_most_12_files_each_under_a_rule() -> None:
+    """The top level is what a user starts from (ds_configs/README.md's table); every file, at either level, is
+    checked by a named rule rather than skipped."""
+    assert len(TOP) <= 12, TOP
+    assert {name: rule(name) for name in IDS if name.startswith("bench/")} == \
+        {name: "model" for name in IDS if name.startswith("bench/")}
+    assert all(rule(name) in ("model", "resnet101", "own") for name in TOP)
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=IDS)
 def test_config_sets_the_required_keys(path: str) -> None:
     cfg = _load(path)
+    name = os.path.relpath(path, DIR).replace(os.sep, "/")
     assert "gradient_clipping" in cfg, "DeepSpeed 0.19.8 clips at 1.0 unless gradient_clipping is set"
-    assert cfg.get("zero_optimization", {}).get("stage") == 0
+    stage = ZERO_KEYS.get(name, {}).get("zero_optimization", {}).get("stage", 0)
+    assert cfg.get("zero_optimization", {}).get("stage") == stage
     assert not (isinstance(cfg.get("wandb"), dict) and cfg["wandb"].get("enabled")), \
         "DeepSpeed's wandb monitor conflicts with the runner's run"
     assert "gravac" in cfg
     parse_config(cfg["gravac"])
+
+
+@pytest.mark.parametrize("name", sorted(USER_SECTIONS))
+def test_user_files_run_the_defaults(name: str) -> None:
+    assert _load(os.path.join(DIR, name))["gravac"] == USER_SECTIONS[name]
 
 
 def _vgg16_shapes() -> list[tuple[str, tuple[int, ...]]]:
@@ -71,12 +118,13 @@ def _check_classifier_only(cfg: dict, gravac) -> None:
         assert rank >= global_batch, (name, rank)
 
 
-@pytest.mark.parametrize("path", [p for p in CONFIGS if os.path.basename(p) != "minimal_topk.json"],
-                         ids=[i for i in IDS if i != "minimal_topk.json"])
+@pytest.mark.parametrize("path", [p for p, i in zip(CONFIGS, IDS) if rule(i) == "model"],
+                         ids=[i for i in IDS if rule(i) == "model"])
 def test_runner_config_conventions(path: str) -> None:
     cfg = _load(path)
     # LSTMs are trained with clipping (ds_configs/README.md); the CNN configs state "off" explicitly
-    assert cfg["gradient_clipping"] == (0.25 if os.path.basename(path).startswith("lstm_") else 0.0)
+    name = os.path.relpath(path, DIR).replace(os.sep, "/")
+    assert cfg["gradient_clipping"] == (0.25 if model_of(name) == "lstm" else 0.0)
     assert cfg["optimizer"]["type"] == "SGD" and cfg["optimizer"]["params"]["momentum"] == 0.9
     assert cfg["steps_per_print"] >= 100000
     gravac = parse_config(cfg["gravac"])
@@ -87,7 +135,7 @@ def test_runner_config_conventions(path: str) -> None:
         # the only other threshold: files that compress VGG16-bn's classifier matrices only, whose gradient has rank
         # <= the global batch, which PowerSGD recovers exactly at that rank; its convolutions (<= 2.36M values) go
         # dense (docs/BENCHMARKS_HISTORY.md §3.5)
-        assert os.path.basename(path).startswith("vgg16_") and gravac.min_compress_numel == 3_000_000
+        assert model_of(name) == "vgg16" and gravac.min_compress_numel == 3_000_000
         _check_classifier_only(cfg, gravac)
     else:
         assert gravac.min_compress_numel == 16384
@@ -96,14 +144,14 @@ def test_runner_config_conventions(path: str) -> None:
 def test_shipped_hyper_parameters() -> None:
     """The hyper-parameters ds_configs/README.md documents and justifies (the papers' batch sizes and weight
     decays; learning rates measured to learn at our 2-rank batch; clipping for the LSTM)."""
-    r101 = _load(os.path.join(ROOT, "ds_configs", "resnet101_dense.json"))
+    r101 = _load(os.path.join(DIR, "resnet101_dense.json"))
     assert r101["train_micro_batch_size_per_gpu"] == 32
     assert r101["optimizer"]["params"] == {"lr": 0.001, "momentum": 0.9, "weight_decay": 1e-4}
     assert r101["scheduler"] == {"type": "MultiStepLR", "params": {"milestones": [9000, 14000], "gamma": 0.1}}
-    vgg = _load(os.path.join(ROOT, "ds_configs", "vgg16_dense.json"))
+    vgg = _load(os.path.join(DIR, "vgg16_dense.json"))
     assert vgg["optimizer"]["params"] == {"lr": 0.001, "momentum": 0.9, "weight_decay": 5e-4}
     assert "scheduler" not in vgg
-    lstm = _load(os.path.join(ROOT, "ds_configs", "lstm_dense.json"))
+    lstm = _load(os.path.join(DIR, "lstm_dense.json"))
     assert lstm["train_micro_batch_size_per_gpu"] == 20 and "scheduler" not in lstm
     assert lstm["optimizer"]["params"] == {"lr": 2.0, "momentum": 0.9, "weight_decay": 1e-4}
     assert lstm["gradient_clipping"] == 0.25
@@ -113,25 +161,30 @@ def test_shipped_hyper_parameters() -> None:
 def test_configs_of_a_model_differ_only_in_their_gravac_section(model: str) -> None:
     """Comparisons between configs (the fidelity benchmark, make train's dense reference) change nothing but the
     synchronization."""
-    def rest(path: str) -> dict:
-        return {k: v for k, v in _load(path).items() if k != "gravac"}
-    dense = rest(os.path.join(ROOT, "ds_configs", f"{model}_dense.json"))
-    others = [p for p in CONFIGS if os.path.basename(p).startswith(f"{model}_")]
+    def rest(name: str, drop: set) -> dict:
+        return {k: v for k, v in _load(os.path.join(DIR, name)).items() if k != "gravac" and k not in drop}
+    others = [i for i in IDS if rule(i) == "model" and model_of(i) == model]
     if model == "resnet101":
-        others.append(os.path.join(ROOT, "ds_configs", "gravac_topk.json"))
+        others += [i for i in IDS if rule(i) == "resnet101"]     # default.json, dense.json, zero2.json
     assert others
-    for path in others:
-        assert rest(path) == dense, os.path.basename(path)
-    exp = parse_config(_load(os.path.join(ROOT, "ds_configs", "resnet101_gravac_exp.json"))["gravac"])
+    for name in others:
+        # zero2.json: ZeRO stage 2 and no scheduler, else resnet101_dense.json
+        drop = set(ZERO_KEYS.get(name, {})) | ({"scheduler"} if name in NO_SCHEDULER else set())
+        assert rest(name, drop) == rest(f"{model}_dense.json", drop), name
+    for name, keys in ZERO_KEYS.items():
+        assert {k: _load(os.path.join(DIR, name))[k] for k in keys} == keys, name
+    assert not [name for name in NO_SCHEDULER if "scheduler" in _load(os.path.join(DIR, name))]
+    exp = parse_config(_load(os.path.join(DIR, "bench", "resnet101_gravac_exp.json"))["gravac"])
     # ε 0.3 since the files run Top-k with momentum correction (a lower gain than error feedback's, docs/BENCHMARKS_HISTORY.md §3.5)
     assert (exp.theta_min, exp.theta_max, exp.epsilon, exp.window, exp.scaling_policy) == \
         (10, 1000, 0.3, 500, "exponential")
-    geo = parse_config(_load(os.path.join(ROOT, "ds_configs", "resnet101_gravac_geo.json"))["gravac"])
+    geo = parse_config(_load(os.path.join(DIR, "bench", "resnet101_gravac_geo.json"))["gravac"])
     assert (geo.theta_max, geo.window, geo.scaling_policy) == (2000, 2000, "geometric")
 
 
 def test_readme_lists_every_config() -> None:
-    with open(os.path.join(ROOT, "ds_configs", "README.md"), encoding="utf-8") as f:
+    """The top-level table names each user file by its name, the grid's table each bench/ file by its path."""
+    with open(os.path.join(DIR, "README.md"), encoding="utf-8") as f:
         text = f.read()
     missing = [name for name in IDS if f"`{name}`" not in text]
     assert not missing, missing
