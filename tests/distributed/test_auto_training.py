@@ -173,8 +173,8 @@ def test_tight_start_then_a_compressed_plan(results: list[dict]) -> None:
     assert recs[6]["auto/error"] <= recs[6]["auto/budget"]
     for s in range(STEPS):          # codes change only at decision points
         if s not in DECISIONS and s > 0:
-            assert {k: v for k, v in recs[s].items() if k.startswith("auto/level/")} == \
-                {k: v for k, v in recs[s - 1].items() if k.startswith("auto/level/")}, s
+            assert ({k: v for k, v in recs[s].items() if k.startswith("auto/level/")} ==
+                {k: v for k, v in recs[s - 1].items() if k.startswith("auto/level/")}), s
 
 
 def test_lr_drop_tightens_the_next_decision(results: list[dict]) -> None:

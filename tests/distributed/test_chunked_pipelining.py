@@ -127,8 +127,8 @@ def test_plans_take_the_chunks_the_formula_favours(results: list[dict], name: st
         rows = rec["cost_model/buckets"]
         assert all(row["choice"] == "compress" for row in rows), rows
         assert [row["chunks"] for row in rows] == expected, (members, rows)
-    assert [[row["chunks"] for row in rec["cost_model/buckets"]] for rec in r0["records"]] == \
-        [[row["chunks"] for row in rec["cost_model/buckets"]] for rec in r1["records"]]
+    assert ([[row["chunks"] for row in rec["cost_model/buckets"]] for rec in r0["records"]] ==
+        [[row["chunks"] for row in rec["cost_model/buckets"]] for rec in r1["records"]])
     if max_chunks > 1:
         assert max(expected) == max_chunks
 

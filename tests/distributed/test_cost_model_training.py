@@ -157,8 +157,8 @@ def _slow_link_compresses(members: list[int]) -> bool:
     edges = 2 * (1e-6 + 1e-10 * m)
     dense = edges + 1e-4 + 1e-7 * 4 * m
     payload = 4 * sum(2 * _ceil(n, 10) for n in members)
-    compressed = edges + sum(1e-3 + 1e-9 * n for n in members) + (1e-4 + 1e-7 * payload) \
-        + 2 * sum(1e-4 + 1e-10 * n for n in members)
+    compressed = (edges + sum(1e-3 + 1e-9 * n for n in members) + (1e-4 + 1e-7 * payload)
+        + 2 * sum(1e-4 + 1e-10 * n for n in members))
     return compressed <= 0.9 * dense
 
 

@@ -66,6 +66,6 @@ def test_serialized_powersgd_hook_with_many_buckets_on_gloo() -> None:
         own_noise = float((value - r0["one_plain_again"][1][key]).abs().max())
         ulp = float(torch.finfo(torch.float32).eps * value.abs().max())
         diff = float((value - r0["one_wrapped"][1][key]).abs().max())
-        assert diff <= own_noise + ulp, f"{key}: the wrapper changed PowerSGD's result by {diff:g} (plain runs differ " \
-                                        f"by {own_noise:g})"
+        assert diff <= own_noise + ulp, (f"{key}: the wrapper changed PowerSGD's result by {diff:g} (plain runs differ "
+                                        f"by {own_noise:g})")
     assert r0["one_plain"][0] == r0["one_wrapped"][0]

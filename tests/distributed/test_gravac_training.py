@@ -88,5 +88,5 @@ def test_resume_reproduces_decisions_and_parameters(tmp_path) -> None:
         assert _seq(straight)[60:] == _seq(resumed)
         assert all(torch.equal(straight["params"][k], resumed["params"][k]) for k in straight["params"])
         timing = {"t_sys", "t_iter", "thru"}   # wall-clock measurements differ between any two runs
-        assert {k: v for k, v in straight["state"].items() if k not in timing} == \
-            {k: v for k, v in resumed["state"].items() if k not in timing}
+        assert ({k: v for k, v in straight["state"].items() if k not in timing} ==
+            {k: v for k, v in resumed["state"].items() if k not in timing})

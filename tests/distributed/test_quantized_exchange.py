@@ -262,8 +262,8 @@ def test_error_feedback_conservation_with_server_residuals(run: tuple, name: str
         server = torch.cat([c["server"][b].double() for c in cons])[:n]
         server_seen |= bool(server.abs().sum() > 0)
         lhs = sent + worker + server
-        assert torch.allclose(lhs, inputs, rtol=0, atol=1e-5 * float(inputs.abs().max() + 1)), \
-            float((lhs - inputs).abs().max())
+        assert torch.allclose(lhs, inputs, rtol=0, atol=1e-5 * float(inputs.abs().max() + 1)), (
+            float((lhs - inputs).abs().max()))
     assert server_seen, "the test must see non-zero server residuals"
 
 

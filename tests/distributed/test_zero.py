@@ -220,8 +220,8 @@ def _fp16_job(rank: int, world: int, stage: int) -> dict:
     section = {"bucket_cap_mb": 0.02, "min_compress_numel": 1000, **COMPRESSED["topk"]}
     out = {}
     for scaling in ("dynamic", "static"):
-        fp16 = {"enabled": True, "initial_scale_power": 8, "hysteresis": 1} if scaling == "dynamic" \
-            else {"enabled": True, "loss_scale": 256}
+        fp16 = ({"enabled": True, "initial_scale_power": 8, "hysteresis": 1} if scaling == "dynamic"
+            else {"enabled": True, "loss_scale": 256})
         model = M.make_model(seed=0).half()
         cfg = M.ds_config(section, world=world, zero_allow_untested_optimizer=True,
                           zero_optimization={"stage": stage}, fp16=fp16)

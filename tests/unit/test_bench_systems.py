@@ -45,12 +45,13 @@ def test_ablation_ladder_rungs_differ_only_in_overlap_and_bulk() -> None:
     assert list(ladder)[:3] == ["compute_only", "ds_dense", "gv_dense"]
     assert ladder["compute_only"].system == "local" and ladder["compute_only"].gravac is None
     rungs = [s.gravac for sid, s in ladder.items() if sid.startswith("abl_")]
-    assert [(g["overlap"], g["bulk"], g.get("selection", "threshold")) for g in rungs] == \
-        [(False, False, "threshold"), (True, False, "threshold"), (True, True, "threshold"), (True, True, "cost_model")]
+    assert ([(g["overlap"], g["bulk"], g.get("selection", "threshold")) for g in rungs] ==
+        [(False, False, "threshold"), (True, False, "threshold"), (True, True, "threshold"),
+         (True, True, "cost_model")])
     for g in rungs:
         parse_config(g)
-        assert {k: v for k, v in g.items() if k not in ("overlap", "bulk", "selection")} == \
-            {"mode": "static", "compressor": "topk", "cf": 100, "min_compress_numel": 16384}
+        assert ({k: v for k, v in g.items() if k not in ("overlap", "bulk", "selection")} ==
+            {"mode": "static", "compressor": "topk", "cf": 100, "min_compress_numel": 16384})
     assert ablation_matrix("dgc:10")["abl_dgc_10_plain"].gravac["min_compress_numel"] == 0
 
 
@@ -71,8 +72,8 @@ def test_cost_model_systems_differ_from_their_threshold_twins_only_in_selection(
         assert unavailable_settings(cfg) == []
         comp = build_compressor(cfg)
         check_priceable(comp, exchange_candidates(cfg.quantized_exchange, comp))
-    assert exchange_candidates("auto", build_compressor(parse_config(matrix["gv_onebit_costmodel"].gravac))) == \
-        ("casync_ps", "allgather")
+    assert (exchange_candidates("auto", build_compressor(parse_config(matrix["gv_onebit_costmodel"].gravac))) ==
+        ("casync_ps", "allgather"))
     chunked, whole = matrix["gv_topk_costmodel_chunks4"].gravac, matrix["gv_topk_costmodel"].gravac
     assert {k: v for k, v in chunked.items() if k != "cost_model"} == whole and "cost_model" not in whole
     assert chunked["cost_model"] == {"max_chunks": 4} and unavailable_settings(parse_config(chunked)) == []
@@ -123,8 +124,8 @@ def test_system_variants_override_only_the_named_gravac_keys() -> None:
     variant = resolve_system(matrix, "gv_gravac_dgc_nomask@epsilon=0.1@theta_min=4")
     assert variant.id == "gv_gravac_dgc_nomask@epsilon=0.1@theta_min=4" and variant.system == base.system
     assert variant.gravac["epsilon"] == 0.1 and variant.gravac["theta_min"] == 4
-    assert {k: v for k, v in variant.gravac.items() if k not in ("epsilon", "theta_min")} == \
-        {k: v for k, v in base.gravac.items() if k not in ("epsilon", "theta_min")}
+    assert ({k: v for k, v in variant.gravac.items() if k not in ("epsilon", "theta_min")} ==
+        {k: v for k, v in base.gravac.items() if k not in ("epsilon", "theta_min")})
     assert base.gravac["epsilon"] == 0.3                       # the matrix entry itself is untouched
     parse_config(variant.gravac)
     assert resolve_system(matrix, "ds_dense") is matrix["ds_dense"]

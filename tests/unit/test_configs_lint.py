@@ -69,8 +69,8 @@ def test_top_level_holds_at_most_12_files_each_under_a_rule() -> None:
     """The top level is what a user starts from (ds_configs/README.md's table); every file, at either level, is
     checked by a named rule rather than skipped."""
     assert len(TOP) <= 12, TOP
-    assert {name: rule(name) for name in IDS if name.startswith("bench/")} == \
-        {name: "model" for name in IDS if name.startswith("bench/")}
+    assert ({name: rule(name) for name in IDS if name.startswith("bench/")} ==
+        {name: "model" for name in IDS if name.startswith("bench/")})
     assert all(rule(name) in ("model", "resnet101", "own") for name in TOP)
 
 
@@ -81,8 +81,8 @@ def test_config_sets_the_required_keys(path: str) -> None:
     assert "gradient_clipping" in cfg, "DeepSpeed 0.19.8 clips at 1.0 unless gradient_clipping is set"
     stage = ZERO_KEYS.get(name, {}).get("zero_optimization", {}).get("stage", 0)
     assert cfg.get("zero_optimization", {}).get("stage") == stage
-    assert not (isinstance(cfg.get("wandb"), dict) and cfg["wandb"].get("enabled")), \
-        "DeepSpeed's wandb monitor conflicts with the runner's run"
+    assert not (isinstance(cfg.get("wandb"), dict) and cfg["wandb"].get("enabled")),(
+        "DeepSpeed's wandb monitor conflicts with the runner's run")
     assert "gravac" in cfg
     parse_config(cfg["gravac"])
 
@@ -176,8 +176,8 @@ def test_configs_of_a_model_differ_only_in_their_gravac_section(model: str) -> N
     assert not [name for name in NO_SCHEDULER if "scheduler" in _load(os.path.join(DIR, name))]
     exp = parse_config(_load(os.path.join(DIR, "bench", "resnet101_gravac_exp.json"))["gravac"])
     # ε 0.3 since the files run Top-k with momentum correction (a lower gain than error feedback's, docs/BENCHMARKS_HISTORY.md §3.5)
-    assert (exp.theta_min, exp.theta_max, exp.epsilon, exp.window, exp.scaling_policy) == \
-        (10, 1000, 0.3, 500, "exponential")
+    assert ((exp.theta_min, exp.theta_max, exp.epsilon, exp.window, exp.scaling_policy) ==
+        (10, 1000, 0.3, 500, "exponential"))
     geo = parse_config(_load(os.path.join(DIR, "bench", "resnet101_gravac_geo.json"))["gravac"])
     assert (geo.theta_max, geo.window, geo.scaling_policy) == (2000, 2000, "geometric")
 

@@ -320,8 +320,8 @@ def test_chunked_allgather_time_by_hand() -> None:
         net_j = 2e-4 + 2e-8 * 4 * per * 2 * 820
         expected = edges + _pipelined([enc_j] * k, [net_j] * k) + n * dec
         assert compressed_time(FITS, "allgather", m, n, plans, spans) == pytest.approx(expected, rel=1e-12), k
-    assert compressed_time(FITS, "allgather", m, n, plans, [(0, 4)]) == \
-        pytest.approx(compressed_time(FITS, "allgather", m, n, plans), rel=1e-12)
+    assert (compressed_time(FITS, "allgather", m, n, plans, [(0, 4)]) ==
+        pytest.approx(compressed_time(FITS, "allgather", m, n, plans), rel=1e-12))
 
 
 def test_pipeline_of_unequal_chunks() -> None:
@@ -352,8 +352,8 @@ def test_planner_takes_the_chunk_count_the_formula_favours(link_a: float) -> Non
         per = 8 // k
         enc_j = per * (1e-6 + 8e-9 * 16384)
         net_j = link_a + 1e-8 * 4 * per * words
-        expected_t[k] = 2 * (1e-6 + 1e-10 * m) + _pipelined([enc_j] * k, [net_j] * k) \
-            + n * 8 * (1e-6 + 1e-10 * 16384)
+        expected_t[k] = (2 * (1e-6 + 1e-10 * m) + _pipelined([enc_j] * k, [net_j] * k)
+            + n * 8 * (1e-6 + 1e-10 * 16384))
     best = min(expected_t, key=lambda k: (expected_t[k], k))
     choice = _selector(TopK(), fits=_chunk_fits(link_a), max_chunks=8).choose(codec, (10.0,) * 8)
     assert not choice.dense and choice.chunks == best

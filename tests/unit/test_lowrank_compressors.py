@@ -99,8 +99,8 @@ def test_derived_lower_rank_payload_equals_the_direct_one(cls: type) -> None:
     x = torch.randn(50 * 40, generator=torch.Generator().manual_seed(3))
     ctx = CompressCtx(key="w", param=torch.nn.Parameter(torch.zeros(50, 40)), shape=(50, 40))
     hi, lo = comp.tensor_plan((50, 40), 6), comp.tensor_plan((50, 40), 2)
-    p_hi, p_lo, p_derived = Payload.allocate(hi, torch.float32), Payload.allocate(lo, torch.float32), \
-        Payload.allocate(lo, torch.float32)
+    p_hi, p_lo, p_derived = (Payload.allocate(hi, torch.float32), Payload.allocate(lo, torch.float32),
+        Payload.allocate(lo, torch.float32))
     comp.compress(x, hi, p_hi, ctx, update_state=False)
     comp.compress(x, lo, p_lo, ctx, update_state=False)
     comp.compress_from(p_hi, x, lo, p_derived, ctx)

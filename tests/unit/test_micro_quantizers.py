@@ -88,8 +88,8 @@ def test_bytes_follow_the_payload_layout(report: dict) -> None:
             assert r["partition_numel"] == Ls
             p = [slice_words(r["name"], r["level"], L) for L in Ls]
             assert r["payload_bytes"] == sum(4 * n * w for w in p)             # N slices per bucket
-            sent = sum(2 * (n - 1) * 4 * w for w in p) if r["exchange"] == "casync_ps" \
-                else sum((n - 1) * 4 * n * w for w in p)
+            sent = (sum(2 * (n - 1) * 4 * w for w in p) if r["exchange"] == "casync_ps"
+                else sum((n - 1) * 4 * n * w for w in p))
             assert r["bytes_sent"] == pytest.approx(sent)
         assert r["bytes_vs_dense"] == pytest.approx(r["bytes_sent"] / dense)
         assert r["wire_cf"] == pytest.approx(4 * SMOKE_NUMEL / r["payload_bytes"])

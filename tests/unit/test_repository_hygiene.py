@@ -92,7 +92,7 @@ def test_the_path_pattern_finds_what_it_should() -> None:
     assert MACHINE_PATH.search("out = " + "/" + "tmp/x") and not MACHINE_PATH.search("tempfile.gettempdir()")
 
 
-CODE_DIRS = ("ds_gravac", "ds_gravac_bench", "runners")
+CODE_DIRS = ("ds_gravac", "ds_gravac_bench", "runners", "tests")
 
 
 def backslash_continuations(source: str) -> list[int]:

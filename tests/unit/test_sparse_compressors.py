@@ -553,8 +553,8 @@ def test_approx_multilevel_subset_of_stage_one(name: str) -> None:
     x = laplace(200000, seed=21)
     ctx = ctx_for()
     p1, _ = encode(comp, x, 10, ctx)
-    state = {k: v.clone() for k, v in memory_of(comp, x.numel(), ctx.key, x.dtype)[0].slots.items()} \
-        if comp.owns_state else {}
+    state = ({k: v.clone() for k, v in memory_of(comp, x.numel(), ctx.key, x.dtype)[0].slots.items()}
+             if comp.owns_state else {})
     s1 = set(selected(comp, p1, ctx).tolist())
     for level in (100, 1000):
         p2 = alloc(comp, x.numel(), level)
@@ -624,9 +624,9 @@ def test_params_are_strict_and_have_spec_defaults() -> None:
     with pytest.raises(ValueError):
         lookup("topk").Params(value_dtype="bf16")
     d = lookup("dgc").Params()
-    assert (d.momentum, d.momentum_masking, d.local_weight_decay, d.sample_ratio, d.adapt_up, d.adapt_down,
-            d.max_adapt_iters, d.exact_below, d.clip_norm, d.warmup_steps, d.warmup_stages) == \
-        (0.9, True, True, 0.01, 1.3, 0.7, 10, 16384, 0.0, 0, 4)
+    assert ((d.momentum, d.momentum_masking, d.local_weight_decay, d.sample_ratio, d.adapt_up, d.adapt_down,
+             d.max_adapt_iters, d.exact_below, d.clip_norm, d.warmup_steps, d.warmup_stages)
+            == (0.9, True, True, 0.01, 1.3, 0.7, 10, 16384, 0.0, 0, 4))
     assert (lookup("redsync").Params().search_eps, lookup("redsync").Params().max_iters) == (0.2, 20)
     s = lookup("sidco").Params()
     assert (s.first_ratio, s.stage_ratio, s.num_stages, s.distribution) == (0.25, 0.25, 0, "exp")
