@@ -1,0 +1,96 @@
+"""How often a user's script exits 0: the README's quick start, unchanged, run many times.
+
+    python -m ds_gravac_bench.exits --runs 30                               # loopback, the README's command line
+    python -m ds_gravac_bench.exits --runs 0 --cluster 100mbit --cluster-runs 10   # 2 nodes, emulated (root)
+
+Why: a script whose gloo threads release a finished work while the interpreter is finalizing aborts ("terminate
+called without an active exception", return code -6) after training correctly; ds_gravac's exit hook
+(``ds_gravac/integration/teardown.py``) is meant to close that window. Prints the count of runs whose every process
+exited 0, and the other return codes seen. Nothing is asserted.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import shlex
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def readme_quick_start(readme: Path = ROOT / "README.md") -> tuple[str, list[str]]:
+    """The quick start's Python block and the words of its single ``deepspeed`` command line."""
+    section = readme.read_text(encoding="utf-8").split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    script = re.search(r"```python\n(.*?)```", section, re.S)
+    shell = re.search(r"```bash\n(.*?)```", section, re.S)
+    if not (script and shell):
+        raise ValueError("the quick start needs a ```python block and a ```bash block")
+    lines = [line for line in shell.group(1).splitlines() if " deepspeed " in f" {line} "]
+    if len(lines) != 1:
+        raise ValueError(f"the quick start's bash block needs one deepspeed line: {shell.group(1)!r}")
+    return script.group(1), shlex.split(lines[0])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def loopback(runs: int, workdir: Path) -> collections.Counter:
+    """The quick start as written, ``runs`` times on this machine: a counter of return codes."""
+    script, words = readme_quick_start()
+    (workdir / "train.py").write_text(script)
+    env = dict(os.environ, DS_ACCELERATOR=os.environ.get("DS_ACCELERATOR", "cpu"))
+    while "=" in words[0]:
+        key, value = words.pop(0).split("=", 1)
+        env[key] = value
+    words[words.index("train.py")] = str(workdir / "train.py")
+    codes: collections.Counter = collections.Counter()
+    for _ in range(runs):
+        cmd = [words[0], "--master_port", str(_free_port()), *words[1:]]
+        codes[subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600).returncode] += 1
+    return codes
+
+
+def cluster(runs: int, rate: str, workdir: Path, tag: int) -> collections.Counter:
+    """The quick start's script on two emulated nodes at ``rate``: a counter of each run's worst return code."""
+    from ds_gravac_bench.cluster import EmulatedCluster
+
+    script, words = readme_quick_start()
+    (workdir / "train.py").write_text(script)
+    config = words[words.index("--deepspeed_config") + 1]
+    codes: collections.Counter = collections.Counter()
+    with EmulatedCluster(ranks=2, rate=rate, tag=tag, outdir=workdir / "cluster") as c:
+        for i in range(runs):
+            results = c.launch_deepspeed(str(workdir / "train.py"), ["--deepspeed_config", str(ROOT / config)],
+                                         port=29700 + i)
+            bad = [r.returncode for r in results if r.returncode != 0]
+            codes[bad[0] if bad else 0] += 1
+    return codes
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=30, help="loopback runs of the README's quick start")
+    ap.add_argument("--cluster", default=None, help="a rate for the emulated 2-node runs, e.g. 100mbit (root)")
+    ap.add_argument("--cluster-runs", type=int, default=10)
+    ap.add_argument("--tag", type=int, default=5, help="the emulated cluster's tag (its namespaces' names)")
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="gv_exits_") as tmp:
+        if args.runs:
+            codes = loopback(args.runs, Path(tmp))
+            print(f"loopback: {codes.get(0, 0)}/{args.runs} runs exited 0; return codes {dict(codes)}", flush=True)
+        if args.cluster:
+            codes = cluster(args.cluster_runs, args.cluster, Path(tmp), args.tag)
+            print(f"cluster {args.cluster}, 2 nodes: {codes.get(0, 0)}/{args.cluster_runs} runs exited 0 on every "
+                  f"node; return codes {dict(codes)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
