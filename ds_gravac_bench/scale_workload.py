@@ -35,7 +35,7 @@ def gravac_buckets(params: list[tuple[str, torch.nn.Parameter]], section: dict[s
     """The buckets of a ``"gravac"`` section at N ranks, at the level a static run sends
     (``static_default_level``, else ``cf``)."""
     from ds_gravac.config import parse_config
-    from ds_gravac.integration.engine import build_compressor, static_default_level
+    from ds_gravac.integration.build import build_compressor, static_default_level
     from ds_gravac.sync.buckets import BucketPlan, classify
     from ds_gravac.sync.exchange import PATTERNS, exchange_name
     from ds_gravac.sync.memory import ErrorFeedbackMemory

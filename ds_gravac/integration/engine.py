@@ -7,18 +7,15 @@ import logging
 from typing import Any, Iterator, Mapping, Optional, Union
 
 import torch
-from pydantic import ValidationError
 
 from ..adapt import Controller, ControllerContext, build_controller
-from ..adapt.auto.ladder import RANKS as AUTO_RANKS
 from ..adapt.auto.timing import measure_link
-from ..adapt.levels import DEFAULT_LEVELS, check_mode, classifier_shapes, uniform_bound
-from ..compress.base import Compressor, Kind
+from ..adapt.levels import classifier_shapes
+from ..compress.base import Compressor
 from ..compress.local_clipping import local_limit
 from ..compress.optimizers import optimizer_chain
-from ..compress.registry import lookup
-from ..config import GravacConfig, parse_config, unavailable_settings
-from ..errors import GravacConfigError, GravacUnsupportedError
+from ..config import GravacConfig, parse_config
+from ..errors import GravacConfigError
 from ..sync.buckets import classify
 from ..sync.collectives import Channels
 from ..sync.reduce_rule import ReduceRule
@@ -28,6 +25,7 @@ from ..version import __version__
 from .agreement import agree_config, agree_ok, agree_parameters
 from .checkpoint import load_checkpoint, route_engine_checkpoints, save_checkpoint, unroute_engine_checkpoints
 from . import teardown
+from .build import build_compressor, reject_unimplemented, static_default_level
 from .shm_buffer import release_shm_buffer
 from .validation import validate_engine
 from .zero import ZeroBridge, zero_stage
@@ -40,67 +38,6 @@ NO_SECTION = ('ds_gravac.initialize: the DeepSpeed config has no "gravac" sectio
 
 def _version() -> str:
     return __version__
-
-
-def reject_unimplemented(config: GravacConfig) -> None:
-    """Settings the schema accepts but this version cannot honour fail loudly instead of being ignored."""
-    problems = unavailable_settings(config)
-    if problems:
-        raise GravacUnsupportedError("ds_gravac: " + "; ".join(problems))
-
-
-def build_compressor(config: GravacConfig) -> Compressor:
-    """Look up the compressor and validate its parameters (after plug-ins registered)."""
-    try:
-        cls = lookup(config.compressor.type)
-    except GravacConfigError as exc:
-        raise GravacConfigError(f'{exc} (key "compressor.type")') from None
-    try:
-        params = cls.Params.model_validate(config.compressor.params)
-    except ValidationError as exc:
-        # the default type changed in 0.4 (powersgd -> qsgd): name it when the section never chose one
-        hint = ("" if "type" in config.compressor.model_fields_set else
-                f' (key "compressor.type" is not set, so it is the default \'{config.compressor.type}\'; set '
-                f'"type" to the compressor these parameters are for, e.g. "powersgd" for "rank")')
-        raise GravacConfigError(f"ds_gravac: invalid parameters for compressor '{config.compressor.type}'{hint}: "
-                                f"{exc}") from None
-    comp = cls(params)
-    if comp.level_kind == "rank":
-        if config.mode == "static" and "cf" in config.model_fields_set:
-            raise GravacConfigError(f"ds_gravac: key \"cf\" ({config.cf:g}) does not apply to the low-rank "
-                                    f"compressor '{config.compressor.type}'; set its rank instead: "
-                                    f"\"compressor\": {{\"type\": \"{config.compressor.type}\", "
-                                    f"\"params\": {{\"rank\": 4}}}}")
-        comp.bind_levels(*rank_level_bound(config, comp))
-    check_mode(config, comp)      # the mode can drive this compressor's levels (e.g. a quantizer's grid)
-    return comp
-
-
-def static_default_level(config: GravacConfig, comp: Compressor) -> Optional[float]:
-    """The level static mode uses when the config does not choose one: a low-rank compressor's rank, a
-    quantizer's own CF (``default_cf``: e.g. TernGrad's bit width) when no ``cf`` key is set."""
-    if comp.level_kind == "rank":
-        return float(getattr(comp.params, "rank", 0))
-    if comp.kind == Kind.QUANTIZED and "cf" not in config.model_fields_set:
-        return float(comp.default_cf())
-    return None
-
-
-def rank_level_bound(config: GravacConfig, comp: Compressor) -> tuple[str, float]:
-    """How a rank-levelled (low-rank) compressor reads levels in this mode, and the largest rank it can be asked
-    for: GraVAC works in CFs (bound: theta_min), static in the compressor's rank, Accordion in its two ranks."""
-    if config.mode == "gravac":
-        if config.rank_ladder == "uniform":
-            return "uniform", uniform_bound(config)
-        return "cf", float(config.theta_min)
-    rank = float(getattr(comp.params, "rank", 1))
-    if config.mode == "auto":
-        return "rank", float(AUTO_RANKS[0])          # the largest rung of auto's ladders
-    if config.mode == "accordion":
-        low, high = DEFAULT_LEVELS["rank"]
-        acc = config.accordion
-        return "rank", max(float(acc.low_compression or low), float(acc.high_compression or high))
-    return "rank", rank
 
 
 class GravacHandle:
@@ -302,8 +239,10 @@ class GravacHandle:
             delattr(self.engine, HANDLE_ATTR)
 
     def release(self) -> None:
-        """At interpreter exit (``teardown``): stop hooking the engine and destroy our process groups."""
+        """At interpreter exit (``teardown``): wait for the last step's exchange, stop hooking the engine and
+        destroy our process groups."""
         if self.sync is not None:
+            self.sync.drain()
             self.sync.close()
         if self.channels is not None:
             self.channels.release()
