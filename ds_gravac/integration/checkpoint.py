@@ -19,7 +19,7 @@ import torch
 import torch.distributed as tdist
 
 from ..errors import GravacError
-from ..version import __version__
+from .. import version
 
 logger = logging.getLogger("ds_gravac")
 FORMAT = 2
@@ -31,7 +31,8 @@ def rank_file(directory: str, rank: int) -> str:
 
 
 def _version() -> str:
-    return __version__
+    """Read when called, not at import (a test stands in an older writer by setting ``ds_gravac.version``)."""
+    return version.__version__
 
 
 def handle_state(handle: Any) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from ..sync.collectives import Channels
 from ..sync.reduce_rule import ReduceRule
 from ..sync.synchronizer import Synchronizer
 from ..telemetry.sinks import JsonlSink
-from ..version import __version__
+from .. import version
 from .agreement import agree_config, agree_ok, agree_parameters
 from .checkpoint import load_checkpoint, route_engine_checkpoints, save_checkpoint, unroute_engine_checkpoints
 from . import teardown
@@ -37,7 +37,8 @@ NO_SECTION = ('ds_gravac.initialize: the DeepSpeed config has no "gravac" sectio
 
 
 def _version() -> str:
-    return __version__
+    """Read when called, not at import (a test stands in an older writer by setting ``ds_gravac.version``)."""
+    return version.__version__
 
 
 class GravacHandle:

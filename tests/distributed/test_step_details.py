@@ -171,10 +171,10 @@ def _checkpoint_job(rank: int, world: int, save_dir: str) -> dict:
     live = engine_with(GRAVAC)
     handle = ds_gravac.get_handle(live)
     M.train(live, rank, 6)
-    real_version = ds_gravac.__version__
-    ds_gravac.__version__ = "0.0.1"
+    real_version = ds_gravac.version.__version__
+    ds_gravac.version.__version__ = "0.0.1"
     handle.save_checkpoint(save_dir, tag="mid")
-    ds_gravac.__version__ = real_version
+    ds_gravac.version.__version__ = real_version
     M.train(live, rank, 4, start=6)
     handle.load_checkpoint(save_dir, tag="mid")
     M.train(live, rank, 6, start=6)

@@ -62,7 +62,8 @@ def _imports(path: Path, name: str, modules: set[str]) -> set[str]:
                 parts = package.split(".")
                 parts = parts[:len(parts) - (node.level - 1)]
                 base = ".".join(parts + ([node.module] if node.module else []))
-            targets = [base] + [f"{base}.{a.name}" for a in node.names]
+            # ``from package import submodule`` depends on the submodule; ``from module import name`` on the module
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
         for target in targets:
             while target not in modules and "." in target:
                 target = target.rsplit(".", 1)[0]
