@@ -15,10 +15,11 @@ import collections
 import os
 import re
 import shlex
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
+
+from ds_gravac_bench.e2e import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,12 +37,6 @@ def readme_quick_start(readme: Path = ROOT / "README.md") -> tuple[str, list[str
     return script.group(1), shlex.split(lines[0])
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def loopback(runs: int, workdir: Path) -> collections.Counter:
     """The quick start as written, ``runs`` times on this machine: a counter of return codes."""
     script, words = readme_quick_start()
@@ -53,7 +48,7 @@ def loopback(runs: int, workdir: Path) -> collections.Counter:
     words[words.index("train.py")] = str(workdir / "train.py")
     codes: collections.Counter = collections.Counter()
     for _ in range(runs):
-        cmd = [words[0], "--master_port", str(_free_port()), *words[1:]]
+        cmd = [words[0], "--master_port", str(free_port()), *words[1:]]
         codes[subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600).returncode] += 1
     return codes
 

@@ -29,10 +29,6 @@ def track(handle: Any) -> None:
         _registered = True
 
 
-def forget(handle: Any) -> None:
-    _live.discard(handle)
-
-
 def release_all() -> None:
     """The exit hook: release every live handle; a failure is logged, never raised (the run itself is over)."""
     for handle in list(_live):
@@ -43,4 +39,4 @@ def release_all() -> None:
         _live.discard(handle)
 
 
-__all__ = ["forget", "release_all", "track"]
+__all__ = ["release_all", "track"]

@@ -152,8 +152,9 @@ class AutoController(Controller):
         """Every rung's seconds (priced once per set of fits: rank 0 prices at ``propose``, every rank again at
         ``accept``) and unsent energy."""
         pricer = self._pricer()
-        if self._priced is None or self._priced[0] != pricer.key:
-            self._priced = (pricer.key, pricer.times(self.groups))
+        key = pricer.key
+        if self._priced is None or self._priced[0] != key:
+            self._priced = (key, pricer.times(self.groups))
         return [list(row) for row in self._priced[1]], signals.errors(self.groups)
 
     def _budget(self, errors: list[list[float]], times: list[list[float]], tight: bool
