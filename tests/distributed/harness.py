@@ -69,8 +69,23 @@ def rank_context() -> Any:
     return ctx
 
 
+RENDEZVOUS_ATTEMPTS = 3
+
+
 def run_ranks(fn: Callable[..., Any], world_size: int = 2, *args: Any, timeout: float = 480.0) -> list[Any]:
-    """Run ``fn`` on ``world_size`` gloo ranks; returns results ordered by rank."""
+    """Run ``fn`` on ``world_size`` gloo ranks; returns results ordered by rank. A rendezvous port taken between
+    ``free_port`` and rank 0's listen (another worker's connection can get it: EADDRINUSE before ``fn`` ran) is
+    retried on a new port; any other failure is raised."""
+    for attempt in range(RENDEZVOUS_ATTEMPTS):
+        try:
+            return _run_ranks_once(fn, world_size, args, timeout)
+        except RuntimeError as exc:
+            if "EADDRINUSE" not in str(exc) or attempt == RENDEZVOUS_ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _run_ranks_once(fn: Callable[..., Any], world_size: int, args: tuple, timeout: float) -> list[Any]:
     ctx = rank_context()
     queue = ctx.Queue()
     port = free_port()
