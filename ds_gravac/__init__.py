@@ -8,7 +8,8 @@ from typing import Any
 
 from .version import __version__  # noqa: E402
 
-from .compress.base import CompressCtx, Compressor, CompressorParams, Kind, Payload, Section, TensorPlan  # noqa: E402
+from .compress.base import CompressCtx, Compressor, CompressorParams, Payload, Section, TensorPlan  # noqa: E402
+from .compress.kinds import GainKind, Kind, LevelKind, Multilevel  # noqa: E402
 from .compress.registry import register_compressor  # noqa: E402
 from .errors import GravacConfigError, GravacError, GravacUnsupportedError  # noqa: E402
 from .integration.engine import GravacHandle, attach, get_handle  # noqa: E402
@@ -74,5 +75,5 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = ["initialize", "attach", "detach", "get_handle", "register_compressor", "GravacHandle", "Compressor",
-           "CompressorParams", "CompressCtx", "Kind", "Payload", "Section", "TensorPlan", "GravacError",
+           "CompressorParams", "CompressCtx", "Kind", "LevelKind", "GainKind", "Multilevel", "Payload", "Section", "TensorPlan", "GravacError",
            "GravacConfigError", "GravacUnsupportedError", "__version__"]

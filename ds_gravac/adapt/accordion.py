@@ -22,6 +22,7 @@ import torch
 
 from ..errors import GravacConfigError
 from .base import BRANCH_CODES, Controller, ControllerContext, StepDecision
+from ..compress.kinds import LevelKind
 from .levels import DEFAULT_LEVELS, accordion_levels
 
 LOW, HIGH = 0, 1
@@ -41,7 +42,7 @@ class AccordionController(Controller):
         self.interval = int(acc.interval_steps)
         self.accum = int(acc.accum_steps or self.interval)
         self.eta = float(acc.eta)
-        self.low, self.high = DEFAULT_LEVELS["cf"]
+        self.low, self.high = DEFAULT_LEVELS[LevelKind.CF]
         self.names: tuple[str, ...] = ()
         self.codes: list[int] = []
         self.norms: dict[int, Optional[dict[str, float]]] = {}   # window index → per-layer norm (None: incomplete)

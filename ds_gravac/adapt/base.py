@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import torch
 
 from ..compress.base import stable_hash
+from ..compress.kinds import GainKind, LevelKind, Multilevel
 from ..telemetry.stats import MAX_PROBES, AgreedStats
 
 
@@ -72,9 +73,9 @@ class ControllerContext:
     samples_per_step: int                         # b = micro batch × gas (per worker)
     realize_cf: Callable[[float], float]
     cf_grid: Optional[Sequence[float]]
-    multilevel: str
-    gain_kind: str
-    level_kind: str
+    multilevel: Multilevel
+    gain_kind: GainKind
+    level_kind: LevelKind
     compressible: tuple[str, ...] = ()            # compressible tensor names in plan order
     rank: int = 0
     default_level: Optional[float] = None         # static: a low-rank rank, or a quantizer's default CF

@@ -16,6 +16,7 @@ import logging
 import math
 from typing import Any, Mapping, Optional
 
+from ..compress.kinds import GainKind
 from .base import BRANCH_CODES, MAX_PROBES, AgreedStats, Branch, Controller, ControllerContext, StepDecision
 from .gravac_records import CandidateSequence, GainRecord, Phase, ThroughputRecord
 from .gravac_state import gravac_state_dict, load_gravac_state
@@ -117,7 +118,7 @@ class GravacController(Controller):
                 log.warning("ds_gravac: unscaled Random-k has E[gain] = 1/theta: with epsilon=%g no CF above "
                             "%.3gx passes the epsilon test (docs/algorithms.md, R5; gain_denominator=%r)",
                             c.gravac.epsilon, 1.0 / c.gravac.epsilon, c.gravac.gain_denominator)
-        elif ctx.gain_kind == "unbiased":
+        elif ctx.gain_kind == GainKind.UNBIASED:
             log.warning("ds_gravac: compressor %r has gain_kind 'unbiased' (E[gain] >= 1): the epsilon test "
                         "never rejects, so only throughput drives the search over its CFs", name)
         if c.gravac.epsilon > 1.0 and c.gravac.gain_denominator != "raw":

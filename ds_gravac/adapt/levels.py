@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, Sequence
 
+from ..compress.kinds import GainKind, LevelKind
 from ..compress.lowrank import uniform_levels
 from ..errors import GravacConfigError
 
 # (low, high) compression of Accordion when the config leaves them unset; a quantizer uses its grid's ends.
-DEFAULT_LEVELS = {"cf": (1.01, 10.0), "rank": (4.0, 1.0)}
+DEFAULT_LEVELS = {LevelKind.CF: (1.01, 10.0), LevelKind.RANK: (4.0, 1.0)}
 AUTO_COMPRESSORS = ("powersgd",)     # mode "auto": per-group ranks (other families: docs/algorithms.md §8)
 GRAVAC_NEEDS = "ds_gravac: mode 'gravac' needs a compressor with gain_kind 'projection' and >= 2 realizable CFs"
 
@@ -33,23 +34,23 @@ def _cfs(levels: Sequence[float]) -> str:
     return ", ".join(f"{v:g}" for v in levels)
 
 
-def gravac_range(config: Any, name: str, level_kind: str, gain_kind: str, grid: Optional[Sequence[float]],
+def gravac_range(config: Any, name: str, level_kind: LevelKind, gain_kind: GainKind, grid: Optional[Sequence[float]],
                  realize: Realize, static_only: bool = False) -> tuple[float, float]:
     """``(θ_min0, θ_max)`` GraVAC searches with this compressor; a :class:`GravacConfigError` when it cannot
     drive it (levels are ranks, no meaningful gain, a single CF, or a level that does not steer the payload)."""
     levels = grid_levels(grid)
     single = levels is not None and len(levels) < 2
-    if level_kind != "cf" or gain_kind == "none" or static_only or single:
-        if level_kind != "cf":
-            why = f"it is levelled by {level_kind!r}"
+    if level_kind != LevelKind.CF or gain_kind == GainKind.NONE or static_only or single:
+        if level_kind != LevelKind.CF:
+            why = f"it is levelled by {str(level_kind)!r}"
         elif static_only:
             why = "its level only bounds the payload, it does not steer what is sent"
         else:
             reasons = [f"it realizes only the CF {_cfs(levels or [])}"] if single else []
-            if gain_kind == "none":
-                reasons.append(f"its compression gain is meaningless (gain_kind {gain_kind!r})")
+            if gain_kind == GainKind.NONE:
+                reasons.append(f"its compression gain is meaningless (gain_kind {str(gain_kind)!r})")
             why = " and ".join(reasons)
-        accordion_ok = level_kind == "rank" or levels is None or len(levels) >= 2
+        accordion_ok = level_kind == LevelKind.RANK or levels is None or len(levels) >= 2
         use = "'static' or 'accordion'" if accordion_ok and not static_only else "'static'"
         raise GravacConfigError(f"{GRAVAC_NEEDS}; {name!r} is static-only ({why}; use mode {use}) "
                                 f"(keys \"mode\": \"gravac\", \"compressor\": \"{name}\")")
@@ -70,11 +71,11 @@ def gravac_range(config: Any, name: str, level_kind: str, gain_kind: str, grid: 
     return lo, hi
 
 
-def accordion_levels(acc: Any, name: str, level_kind: str, grid: Optional[Sequence[float]],
+def accordion_levels(acc: Any, name: str, level_kind: LevelKind, grid: Optional[Sequence[float]],
                      realize: Realize) -> tuple[float, float]:
     """Accordion's ``(low, high)`` compression levels (CFs or ranks) for this compressor, validated."""
-    kind = "rank" if level_kind == "rank" else "cf"
-    levels = grid_levels(grid) if kind == "cf" else None
+    kind = LevelKind.RANK if level_kind == LevelKind.RANK else LevelKind.CF
+    levels = grid_levels(grid) if kind == LevelKind.CF else None
     if levels == [1.0]:     # compresses nothing (``none``): attach's compressibility check names that problem
         levels = None
     low_d, high_d = DEFAULT_LEVELS[kind]
@@ -86,7 +87,7 @@ def accordion_levels(acc: Any, name: str, level_kind: str, grid: Optional[Sequen
         low_d, high_d = levels[0], levels[-1]
     low = float(acc.low_compression) if acc.low_compression is not None else low_d
     high = float(acc.high_compression) if acc.high_compression is not None else high_d
-    if kind == "rank":
+    if kind == LevelKind.RANK:
         if low != int(low) or high != int(high) or high > low:
             raise GravacConfigError(f"ds_gravac: accordion levels for a low-rank compressor must be integer "
                                     f"ranks with high_compression <= low_compression (got {low:g}/{high:g})")

@@ -28,7 +28,6 @@ count). ``phase`` is replicated state that selects payload layouts (ACP-SGD's P/
 """
 from __future__ import annotations
 
-import enum
 import hashlib
 import math
 from dataclasses import dataclass, field
@@ -37,15 +36,9 @@ from typing import Any, ClassVar, Optional, Sequence
 import torch
 from pydantic import BaseModel, ConfigDict
 
+from .kinds import GainKind, Kind, LevelKind, Multilevel  # noqa: F401  (the contract's enums, importable here)
+
 MASK64 = (1 << 64) - 1
-
-
-class Kind(str, enum.Enum):
-    """How payloads combine across ranks; selects the exchange pattern (collective)."""
-
-    SUMMABLE = "summable"   # payloads add elementwise: all-reduce
-    SPARSE = "sparse"       # fixed-size (idx, val) payloads: all-gather
-    QUANTIZED = "quantized"  # re-encodable quantized payloads: CaSync-PS or all-gather
 
 
 class CompressorParams(BaseModel):
@@ -191,9 +184,9 @@ class Compressor:
     kind: ClassVar[Kind] = Kind.SUMMABLE
     rounds: ClassVar[int] = 1
     owns_state: ClassVar[bool] = False
-    level_kind: ClassVar[str] = "cf"
-    multilevel: ClassVar[str] = "none"
-    gain_kind: ClassVar[str] = "none"
+    level_kind: ClassVar[LevelKind] = LevelKind.CF
+    multilevel: ClassVar[Multilevel] = Multilevel.NONE
+    gain_kind: ClassVar[GainKind] = GainKind.NONE
     server_reencode: ClassVar[bool] = False
     owns_optimizer: ClassVar[bool] = False   # DGC: momentum and weight decay move into the compressor
     # Capabilities the attach-time checks read (never the module a class lives in): ``static_only`` — the level
@@ -389,12 +382,12 @@ def check_contract(cls: type) -> None:
         raise TypeError(f"ds_gravac: compressor {cls.__name__}.Params must be a pydantic model with extra='forbid'")
     if not isinstance(cls.kind, Kind):
         raise TypeError(f"ds_gravac: compressor {cls.__name__}.kind must be a ds_gravac Kind")
-    if cls.level_kind not in ("cf", "rank"):
-        raise TypeError(f"ds_gravac: compressor {cls.__name__}.level_kind must be 'cf' or 'rank'")
-    if cls.multilevel not in ("exact", "distribution", "approx", "none"):
-        raise TypeError(f"ds_gravac: compressor {cls.__name__}.multilevel is invalid")
-    if cls.gain_kind not in ("projection", "unbiased", "none"):
-        raise TypeError(f"ds_gravac: compressor {cls.__name__}.gain_kind is invalid")
+    for attr, value, enum_type in (("level_kind", cls.level_kind, LevelKind),
+                                   ("multilevel", cls.multilevel, Multilevel), ("gain_kind", cls.gain_kind, GainKind)):
+        if value not in tuple(enum_type):     # a plain string equal to a member's value is accepted
+            allowed = ", ".join(repr(m.value) for m in enum_type)
+            raise TypeError(f"ds_gravac: compressor {cls.__name__}.{attr} must be a {enum_type.__name__} "
+                            f"({allowed}), not {value!r}")
     if cls.owns_state and (not cls.memory_slots or cls.input_slot not in cls.memory_slots):
         raise TypeError(f"ds_gravac: compressor {cls.__name__} owns state: it must name its memory_slots and "
                         f"which of them is the input_slot")

@@ -19,6 +19,7 @@ from typing import ClassVar, Optional
 import torch
 
 from .base import CompressCtx, Compressor, CompressorParams, Kind, Payload, Section, TensorPlan
+from .kinds import GainKind, LevelKind, Multilevel
 from .qkernels import Workspace, chunk_size, spans
 from .quantize import emit, external_ef_commit
 
@@ -55,9 +56,9 @@ class HalfCast(Compressor):
     kind = Kind.SUMMABLE
     exchange = "half_allreduce"     # summed in the half dtype itself (ds_gravac.sync.exchange.allreduce)
     Params = CastParams
-    multilevel = "none"
-    gain_kind = "none"
-    level_kind = "cf"
+    multilevel = Multilevel.NONE
+    gain_kind = GainKind.NONE
+    level_kind = LevelKind.CF
     dtype: ClassVar[torch.dtype] = torch.float16
 
     def __init__(self, params: Optional[CompressorParams] = None) -> None:

@@ -33,6 +33,7 @@ import torch
 from pydantic import Field
 
 from .base import CompressCtx, Compressor, CompressorParams, Kind, Payload, Section, TensorPlan
+from .kinds import GainKind, LevelKind, Multilevel
 from .lowrank import matrix_rank, matrix_shape, orthogonalize, seeded_factor, uniform_levels, uniform_rank
 
 Tensor = torch.Tensor
@@ -59,9 +60,9 @@ class LowRankCompressor(Compressor):
     Params = LowRankParams
     kind = Kind.SUMMABLE
     owns_state = True
-    level_kind = "rank"
-    multilevel = "none"
-    gain_kind = "projection"
+    level_kind = LevelKind.RANK
+    multilevel = Multilevel.NONE
+    gain_kind = GainKind.PROJECTION
     memory_slots = ("error",)
     input_slot = "error"
     aggregate_gain = True      # reports the energy of each component of the applied aggregate (component_energies)
@@ -86,8 +87,9 @@ class LowRankCompressor(Compressor):
             raise ValueError(f"ds_gravac: level kind {kind!r}")
         self.ladder = "uniform" if kind == "uniform" else "cf"
         kind = "cf" if kind == "uniform" else kind                # the controller sees levels on a CF grid
-        self.level_kind = kind                                    # instance attribute: shadows the class default
-        self.multilevel = "exact" if kind == "cf" else "none"     # prefixes of one projection (module docstring)
+        self.level_kind = LevelKind(kind)                         # instance attribute: shadows the class default
+        # prefixes of one projection (module docstring)
+        self.multilevel = Multilevel.EXACT if kind == LevelKind.CF else Multilevel.NONE
         self.bound = float(bound)
         self._tensor_plans.clear()
 
@@ -112,7 +114,7 @@ class LowRankCompressor(Compressor):
 
     def rank_for(self, n: int, m: int, level: float) -> int:
         """The rank of an ``n × m`` matrix at ``level`` (a rank, or a CF under GraVAC)."""
-        if self.level_kind == "rank":
+        if self.level_kind == LevelKind.RANK:
             return matrix_rank(n, m, int(round(level)))
         if self.ladder == "uniform":
             return self._ladder_rank(n, m, level)

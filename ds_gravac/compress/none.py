@@ -7,6 +7,7 @@ from typing import Optional, Sequence
 import torch
 
 from .base import CompressCtx, Compressor, Kind, Payload, Section, TensorPlan
+from .kinds import GainKind
 
 
 class NoCompression(Compressor):
@@ -14,7 +15,7 @@ class NoCompression(Compressor):
 
     name = "none"
     kind = Kind.SUMMABLE
-    gain_kind = "projection"
+    gain_kind = GainKind.PROJECTION
 
     def accepts(self, shape: Sequence[int]) -> bool:
         return False

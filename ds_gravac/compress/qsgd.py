@@ -26,6 +26,7 @@ from pydantic import Field
 
 from . import bitpack
 from .base import CompressCtx, CompressorParams, Payload, Section, TensorPlan
+from .kinds import GainKind
 from .device_path import host_kernels
 from .qkernels import AffineDecoder, chunk_size, dither_, encode_blocks
 from .quantize import FP32_MAX, STREAM_QSGD, Quantizer, ceil_div
@@ -50,7 +51,7 @@ class QSGD(Quantizer):
 
     name = "qsgd"
     Params = QSGDParams
-    gain_kind = "unbiased"
+    gain_kind = GainKind.UNBIASED
     GRID = (4.0, 8.0, 16.0)
 
     def default_cf(self) -> float:

@@ -42,6 +42,7 @@ from .counter_rng import CounterStream
 from .device_path import host_kernels
 from .base import (CompressCtx, Compressor, CompressorParams, Kind, Payload, Section, TensorPlan, mix_seed,
                    stable_hash)
+from .kinds import GainKind, LevelKind, Multilevel
 from .qkernels import Workspace
 
 Tensor = torch.Tensor
@@ -62,9 +63,9 @@ class Quantizer(Compressor):
     kind = Kind.QUANTIZED
     server_reencode = True
     exchange = "casync_ps"        # ds_gravac.sync.exchange: all-to-all, owner merge and re-encode, all-gather
-    multilevel = "none"
-    level_kind = "cf"
-    gain_kind = "none"
+    multilevel = Multilevel.NONE
+    level_kind = LevelKind.CF
+    gain_kind = GainKind.NONE
     GRID: ClassVar[tuple[float, ...]] = (32.0,)
     CODES: ClassVar[str] = "codes"     # the payload section holding the packed codes
 

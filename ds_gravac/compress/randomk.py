@@ -26,6 +26,7 @@ except ImportError:  # pragma: no cover - numpy ships with deepspeed
 from . import sparse_select as sel
 from .base import (CompressCtx, Compressor, CompressorParams, Kind, Payload, Section, TensorPlan, generator,
     k_for, mix_seed, stable_hash)
+from .kinds import GainKind, Multilevel
 from .counter_rng import splitmix_block
 from .device_path import host_kernels
 
@@ -105,13 +106,13 @@ class RandomK(Compressor):
     name = "randomk"
     Params = RandomKParams
     kind = Kind.SUMMABLE
-    multilevel = "distribution"
-    gain_kind = "projection"
+    multilevel = Multilevel.DISTRIBUTION
+    gain_kind = GainKind.PROJECTION
 
     def __init__(self, params: Optional[RandomKParams] = None) -> None:
         super().__init__(params)
         if self.params.rescale:
-            self.gain_kind = "unbiased"   # E[δ] = θ when rescaled
+            self.gain_kind = GainKind.UNBIASED   # E[δ] = θ when rescaled
         self._hashes: dict[str, int] = {}
         self._cache: dict[str, tuple[tuple[int, int, int], Tensor]] = {}
         self._warned = False

@@ -17,6 +17,7 @@ from pydantic import Field, field_validator
 from . import sparse_select as sel
 from .base import (CompressCtx, Compressor, CompressorParams, Kind, Payload, Section, TensorPlan, k_for,
                    mix_seed, stable_hash)
+from .kinds import GainKind, Multilevel
 
 Tensor = torch.Tensor
 
@@ -38,8 +39,8 @@ class SparseCompressor(Compressor):
     """Shared plan/encode/decode of the ``(idx, val)`` payload; subclasses implement :meth:`select`."""
 
     kind = Kind.SPARSE
-    multilevel = "approx"
-    gain_kind = "projection"
+    multilevel = Multilevel.APPROX
+    gain_kind = GainKind.PROJECTION
     Params = SparseParams
 
     def __init__(self, params: Optional[CompressorParams] = None) -> None:

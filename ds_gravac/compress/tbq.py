@@ -16,6 +16,7 @@ from pydantic import Field
 
 from . import bitpack
 from .base import CompressCtx, CompressorParams, Payload, Section, TensorPlan
+from .kinds import GainKind
 from .qkernels import chunk_size, encode_blocks
 from .quantize import OwnMemoryQuantizer
 
@@ -31,7 +32,7 @@ class TBQ(OwnMemoryQuantizer):
 
     name = "tbq"
     Params = TBQParams
-    gain_kind = "projection"
+    gain_kind = GainKind.PROJECTION
     GRID = (16.0,)
     memory_slots = ("r",)
     input_slot = "r"

@@ -16,6 +16,7 @@ from pydantic import Field
 
 from . import bitpack
 from .base import CompressCtx, CompressorParams, Payload, Section, TensorPlan
+from .kinds import GainKind
 from .qkernels import chunk_size, encode_blocks, std64
 from .quantize import STREAM_TERNARY, Quantizer, put_header
 
@@ -32,7 +33,7 @@ class Ternary(Quantizer):
 
     name = "ternary"
     Params = TernaryParams
-    gain_kind = "unbiased"
+    gain_kind = GainKind.UNBIASED
     GRID = (16.0,)
 
     def sections(self, numel: int, theta: float) -> tuple[Section, ...]:

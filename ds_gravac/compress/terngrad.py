@@ -20,6 +20,7 @@ import torch
 
 from . import bitpack
 from .base import CompressCtx, CompressorParams, Payload, Section, TensorPlan
+from .kinds import GainKind
 from .qkernels import chunk_size, encode_blocks
 from .quantize import FP32_MAX, STREAM_TERNGRAD, Quantizer, put_header, theta_bits
 
@@ -42,7 +43,7 @@ class TernGrad(Quantizer):
 
     name = "terngrad"
     Params = TernGradParams
-    gain_kind = "unbiased"
+    gain_kind = GainKind.UNBIASED
     GRID = (4.0, 8.0, 16.0, 32.0)
 
     def default_cf(self) -> float:

@@ -7,6 +7,7 @@ import torch
 
 from . import sparse_select as sel
 from .base import CompressCtx, TensorPlan
+from .kinds import Multilevel
 from .sparse import STREAM_TOPK_SAMPLE, SparseCompressor, SparseParams
 
 Tensor = torch.Tensor
@@ -21,7 +22,7 @@ class TopK(SparseCompressor):
 
     name = "topk"
     Params = TopKParams
-    multilevel = "exact"
+    multilevel = Multilevel.EXACT
 
     def select_entries(self, x: Tensor, plan: TensorPlan, ctx: CompressCtx) -> tuple[Tensor, Optional[Tensor]]:
         n, k, alg = x.numel(), plan.k, self.params.algorithm

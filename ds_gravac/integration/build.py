@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from ..adapt.auto.ladder import RANKS as AUTO_RANKS
 from ..adapt.levels import DEFAULT_LEVELS, check_mode, uniform_bound
-from ..compress.base import Compressor, Kind
+from ..compress.base import Compressor, Kind, LevelKind
 from ..compress.registry import lookup
 from ..config import GravacConfig, unavailable_settings
 from ..errors import GravacConfigError, GravacUnsupportedError
@@ -37,7 +37,7 @@ def build_compressor(config: GravacConfig) -> Compressor:
         raise GravacConfigError(f"ds_gravac: invalid parameters for compressor '{config.compressor.type}'{hint}: "
                                 f"{exc}") from None
     comp = cls(params)
-    if comp.level_kind == "rank":
+    if comp.level_kind == LevelKind.RANK:
         if config.mode == "static" and config.cf is not None:
             raise GravacConfigError(f"ds_gravac: key \"cf\" ({config.cf:g}) does not apply to the low-rank "
                                     f"compressor '{config.compressor.type}'; set its rank instead: "
@@ -51,7 +51,7 @@ def build_compressor(config: GravacConfig) -> Compressor:
 def static_default_level(config: GravacConfig, comp: Compressor) -> Optional[float]:
     """The level static mode uses when the config does not choose one: a low-rank compressor's rank, a
     quantizer's own CF (``default_cf``: e.g. TernGrad's bit width) when no ``cf`` key is set."""
-    if comp.level_kind == "rank":
+    if comp.level_kind == LevelKind.RANK:
         return float(getattr(comp.params, "rank", 0))
     if comp.kind == Kind.QUANTIZED and config.cf is None:
         return float(comp.default_cf())
@@ -64,15 +64,15 @@ def rank_level_bound(config: GravacConfig, comp: Compressor) -> tuple[str, float
     if config.mode == "gravac":
         if config.gravac.rank_ladder == "uniform":
             return "uniform", uniform_bound(config)
-        return "cf", float(config.gravac.theta_min)
+        return LevelKind.CF, float(config.gravac.theta_min)
     rank = float(getattr(comp.params, "rank", 1))
     if config.mode == "auto":
-        return "rank", float(AUTO_RANKS[0])          # the largest rung of auto's ladders
+        return LevelKind.RANK, float(AUTO_RANKS[0])          # the largest rung of auto's ladders
     if config.mode == "accordion":
-        low, high = DEFAULT_LEVELS["rank"]
+        low, high = DEFAULT_LEVELS[LevelKind.RANK]
         acc = config.accordion
-        return "rank", max(float(acc.low_compression or low), float(acc.high_compression or high))
-    return "rank", rank
+        return LevelKind.RANK, max(float(acc.low_compression or low), float(acc.high_compression or high))
+    return LevelKind.RANK, rank
 
 
 __all__ = ["build_compressor", "rank_level_bound", "reject_unimplemented", "static_default_level"]

@@ -12,7 +12,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from ..compress.base import CompressCtx, Compressor, Kind, Payload, TensorPlan, stable_hash
+from ..compress.base import CompressCtx, Compressor, Kind, Multilevel, Payload, TensorPlan, stable_hash
 from .buckets import Bucket
 from .deferred import Scalar, scalar
 
@@ -184,7 +184,7 @@ class BucketCodec:
         st = stats if stats is not None else EncodeStats(nums=[0.0] * len(probes))
         lay = self.layout(send) if send is not None else None
         extra = [self.layout(t) for t in extra_sends]
-        multilevel = self.comp.multilevel != "none"
+        multilevel = self.comp.multilevel != Multilevel.NONE
         base = float(probes[0]) if probes and live[0] else None
         for i in range(*(span or (0, len(self.ctxs)))):
             mem, x, ctx = self.bucket.members[i], xs[i], self.ctxs[i]

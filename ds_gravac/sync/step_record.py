@@ -28,7 +28,7 @@ def step_record_of(sync: SyncParts, run: "RunningStep", agreed: AgreedStats,
     decision = run.plan.decision
     rec = statvec.step_record(
         step=run.plan.step, mode=sync.config.mode, branch="dense" if nonfinite else str(decision.branch),
-        cf_sent=1.0 if nonfinite else decision.send_level, level_kind=sync.comp.level_kind,
+        cf_sent=1.0 if nonfinite else decision.send_level, level_kind=str(sync.comp.level_kind),
         numel_total=sync.numel_total, values_sent=st.values_sent, bytes_sent=st.bytes_sent,
         dense_bytes=ring_allreduce_bytes(sync.rule.comm_bytes_per_element * sync.numel_total, sync.world_size),
         payload_bytes=payload,
