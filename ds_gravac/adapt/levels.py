@@ -123,7 +123,7 @@ def classifier_shapes(named_params: Sequence[tuple[str, Any]], accepts: Callable
 
 def check_rank_ladder(config: Any, compressor: Any) -> None:
     """``rank_ladder: "uniform"`` only means something for GraVAC over a low-rank compressor."""
-    if config.gravac.rank_ladder == "cf" or getattr(compressor, "ladder", None) == "uniform":
+    if config.gravac.rank_ladder == "cf" or compressor.ladder == "uniform":
         return
     what = (f"mode is {config.mode!r}" if config.mode != "gravac"
             else f"compressor {config.compressor.type!r} is not low-rank")
@@ -152,7 +152,7 @@ def check_mode(config: Any, compressor: Any) -> None:
     grid = compressor.cf_grid()
     if config.mode == "gravac":
         gravac_range(config, name, compressor.level_kind, compressor.gain_kind, grid, compressor.realize_cf,
-                     static_only=bool(getattr(compressor, "static_only", False)))
+                     static_only=compressor.static_only)
     elif config.mode == "accordion":
         accordion_levels(config.accordion, name, compressor.level_kind, grid, compressor.realize_cf)
     elif config.mode == "auto":

@@ -37,6 +37,7 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from .kinds import GainKind, Kind, LevelKind, Multilevel  # noqa: F401  (the contract's enums, importable here)
+from .payload import Payload, Section, TensorPlan  # noqa: F401  (the wire layout types, importable here)
 
 MASK64 = (1 << 64) - 1
 
@@ -47,83 +48,6 @@ class CompressorParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_default=True, validate_assignment=True, strict=True,
                               allow_inf_nan=False)
-
-
-@dataclass(frozen=True)
-class Section:
-    """One typed section of a payload; ``count`` elements of ``dtype``, starting on a 32-bit word boundary."""
-
-    name: str
-    dtype: torch.dtype
-    count: int
-
-    @property
-    def words(self) -> int:
-        """32-bit words occupied (fp16/bf16 sections take ``ceil(count/2)``)."""
-        itemsize = torch.empty((), dtype=self.dtype).element_size()
-        return (self.count * itemsize + 3) // 4
-
-
-@dataclass(frozen=True)
-class TensorPlan:
-    """Per-tensor, per-level encoding plan: the knob (``k``) and the static wire layout."""
-
-    numel: int
-    level: float
-    k: int
-    sections: tuple[Section, ...]
-    values_sent: int
-    extra: tuple[tuple[str, Any], ...] = ()
-
-    @property
-    def words(self) -> int:
-        return sum(s.words for s in self.sections)
-
-    @property
-    def wire_bytes(self) -> int:
-        return 4 * self.words
-
-    def offset_of(self, name: str) -> int:
-        """Word offset of a section inside this tensor's payload."""
-        off = 0
-        for sec in self.sections:
-            if sec.name == name:
-                return off
-            off += sec.words
-        raise KeyError(name)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return dict(self.extra).get(key, default)
-
-
-class Payload:
-    """Typed section views into a slice of a 4-byte word buffer (int32 or float32)."""
-
-    __slots__ = ("plan", "words", "_views")
-
-    def __init__(self, plan: TensorPlan, words: torch.Tensor) -> None:
-        if words.element_size() != 4 or words.dim() != 1 or words.numel() != plan.words:
-            raise ValueError(f"ds_gravac: payload buffer must be 1-D 4-byte words of length {plan.words}")
-        self.plan = plan
-        self.words = words
-        self._views: dict[str, torch.Tensor] = {}
-        off = 0
-        for sec in plan.sections:
-            chunk = words[off:off + sec.words]
-            view = chunk if chunk.dtype == sec.dtype else chunk.view(sec.dtype)
-            self._views[sec.name] = view[:sec.count]
-            off += sec.words
-
-    def __getitem__(self, name: str) -> torch.Tensor:
-        return self._views[name]
-
-    def __contains__(self, name: str) -> bool:
-        return name in self._views
-
-    @classmethod
-    def allocate(cls, plan: TensorPlan, dtype: torch.dtype = torch.int32,
-                 device: torch.device | str = "cpu") -> "Payload":
-        return cls(plan, torch.zeros(plan.words, dtype=dtype, device=device))
 
 
 @dataclass
@@ -195,6 +119,9 @@ class Compressor:
     # tensor's decoded aggregate by its group's current learning rate γ before writing the gradient.
     static_only: ClassVar[bool] = False
     update_space: ClassVar[bool] = False
+    # indices drawn from a stream every rank shares (Random-k): the ranks compare digests of :meth:`indices` at
+    # the first compressed step, so a seed or library mismatch fails at once instead of summing garbage
+    shared_indices: ClassVar[bool] = False
     # projections that report each component's energy of the applied aggregate (component_energies): GraVAC's
     # gain_denominator "aggregate" needs them (low-rank compressors)
     aggregate_gain: ClassVar[bool] = False
@@ -209,6 +136,9 @@ class Compressor:
     # registered in ds_gravac.sync.exchange otherwise.
     exchange: ClassVar[Optional[str]] = None
     phase: int = 0           # replicated per-step state that selects payload layouts (see the module docstring)
+    # rank-levelled compressors: "uniform" once bind_levels("uniform") made GraVAC's levels the rungs of a uniform
+    # rank ladder (attach then calls :meth:`pin`); "cf" otherwise
+    ladder: str = "cf"
 
     def __init__(self, params: Optional[CompressorParams] = None) -> None:
         self.params = params if params is not None else self.Params()
@@ -223,8 +153,41 @@ class Compressor:
         """Rank-levelled compressors only, at attach: read levels as ranks (``kind`` "rank", ``bound`` the
         largest rank used) or as CFs (``"cf"`` under GraVAC, ``bound`` = theta_min). Others ignore it."""
 
+    def pin(self, shapes: Sequence[Sequence[int]]) -> None:
+        """Uniform rank ladder only, at attach before any plan: matrices of these shapes (the classifier) keep at
+        least the compressor's own rank."""
+
+    def default_level(self) -> Optional[float]:
+        """The level static mode uses when the config names none: a rank-levelled compressor's rank, a
+        quantizer's own CF; ``None``: the config's ``cf``."""
+        return None
+
     def check_engine(self, engine: Any) -> None:
         """Optional attach-time check of the engine (e.g. an optimizer constraint)."""
+
+    # ---- what an owns_optimizer compressor takes from the engine (DGC) ---------------------------------
+    @property
+    def applies_weight_decay(self) -> bool:
+        """``owns_optimizer`` only: whether weight decay moves into the compressor with the momentum (else the
+        optimizer keeps applying it)."""
+        return True
+
+    @property
+    def clip_norm(self) -> float:
+        """The per-rank clipping threshold the compressor applies itself (0: it clips nothing)."""
+        return 0.0
+
+    def take_clipping(self, clip: float) -> bool:
+        """``owns_optimizer`` only, at attach: apply the engine's clipping threshold ``clip`` to each rank's
+        gradient instead of DeepSpeed (unless the compressor's own threshold is set). ``False``: this compressor
+        cannot clip, and attach refuses a non-zero ``gradient_clipping``."""
+        return False
+
+    @property
+    def server_error_feedback(self) -> bool:
+        """Two-round quantized exchanges: whether the owner of a partition keeps an error-feedback residual of
+        its re-encoding (the synchronizer ANDs it with the section's ``error_feedback``)."""
+        return False
 
     def cf_grid(self) -> Optional[list[float]]:
         """``None`` if every θ ≥ 1 is realizable, else the sorted realizable CFs."""
@@ -304,6 +267,10 @@ class Compressor:
         """``out (+)= scale · D(p)``. ``ctx`` identifies the tensor and step (Random-k regenerates indices)."""
         raise NotImplementedError
 
+    def indices(self, numel: int, plan: TensorPlan, ctx: CompressCtx) -> torch.Tensor:
+        """``shared_indices`` only: the shared index set this tensor sends at ``plan`` (int64)."""
+        raise NotImplementedError(f"ds_gravac: compressor '{self.name}' draws no shared indices")
+
     def sent_sq_norm(self, p: Payload, ctx: Optional[CompressCtx] = None) -> torch.Tensor:
         """``‖D(p)‖²`` as a 0-d float64 tensor, without a dense decode where possible."""
         out = torch.zeros(p.plan.numel, dtype=torch.float32, device=p.words.device)
@@ -357,8 +324,11 @@ class Compressor:
 
 
 REQUIRED_ATTRS = ("name", "Params", "kind", "rounds", "owns_state", "level_kind", "multilevel", "gain_kind",
-                  "server_reencode", "memory_slots", "input_slot", "exchange")
+                  "server_reencode", "owns_optimizer", "static_only", "update_space", "shared_indices",
+                  "aggregate_gain", "memory_slots", "input_slot", "exchange", "ladder", "applies_weight_decay",
+                  "clip_norm", "server_error_feedback")
 REQUIRED_METHODS = ("make_plan", "compress", "decompress", "accepts", "cf_grid", "realize_cf", "sent_sq_norm",
+                    "bind_levels", "pin", "default_level", "check_engine", "take_clipping", "indices",
                     "compensate", "commit", "commit_memory", "dense_sent", "reset", "state_dict",
                     "load_state_dict")
 

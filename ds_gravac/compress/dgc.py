@@ -59,6 +59,19 @@ class DGC(SparseCompressor):
         self.last_adapt_iters: dict[str, int] = {}
 
     # ---- attach-time checks and schedule -----------------------------------------------------------
+    @property
+    def applies_weight_decay(self) -> bool:
+        return self.params.local_weight_decay
+
+    @property
+    def clip_norm(self) -> float:
+        return float(self.params.clip_norm)
+
+    def take_clipping(self, clip: float) -> bool:
+        if self.params.clip_norm == 0.0:
+            self.params = self.params.model_copy(update={"clip_norm": clip})
+        return True
+
     def check_engine(self, engine: Any) -> None:
         m = self.params.momentum
         sgd = find_optimizer(engine, torch.optim.SGD)

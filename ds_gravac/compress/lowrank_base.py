@@ -99,6 +99,9 @@ class LowRankCompressor(Compressor):
         self.pinned = frozenset(matrix_shape(s) for s in shapes)
         self._tensor_plans.clear()
 
+    def default_level(self) -> Optional[float]:
+        return float(self.params.rank)
+
     def cf_grid(self) -> Optional[list[float]]:
         return uniform_levels() if self.ladder == "uniform" else None
 

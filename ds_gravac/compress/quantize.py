@@ -79,6 +79,9 @@ class Quantizer(Compressor):
     def cf_grid(self) -> Optional[list[float]]:
         return sorted(self.GRID)
 
+    def default_level(self) -> Optional[float]:
+        return self.default_cf()
+
     def default_cf(self) -> float:
         """The CF these parameters ask for (what static mode should use when no ``cf`` is configured)."""
         return float(self.GRID[0])
@@ -101,7 +104,7 @@ class Quantizer(Compressor):
     # ---- error feedback switches ------------------------------------------------------------------------
     @property
     def worker_error_feedback(self) -> bool:
-        return bool(getattr(self.params, "error_feedback", False))
+        return bool(self.params.error_feedback)
 
     @property
     def server_error_feedback(self) -> bool:

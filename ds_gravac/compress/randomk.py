@@ -107,6 +107,7 @@ class RandomK(Compressor):
     Params = RandomKParams
     kind = Kind.SUMMABLE
     multilevel = Multilevel.DISTRIBUTION
+    shared_indices = True
     gain_kind = GainKind.PROJECTION
 
     def __init__(self, params: Optional[RandomKParams] = None) -> None:

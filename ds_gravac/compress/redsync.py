@@ -24,9 +24,10 @@ class RedSync(SparseCompressor):
 
     name = "redsync"
     Params = RedSyncParams
+    _warned_low_cf = False     # set on the instance at the first warning
 
     def make_plan(self, numel: int, level: float) -> TensorPlan:
-        if level < 4 and not getattr(self, "_warned_low_cf", False):
+        if level < 4 and not self._warned_low_cf:
             self._warned_low_cf = True
             warnings.warn(f"ds_gravac: redsync at CF {level:g} < 4 pads most payloads (its search never goes "
                           "below the mean magnitude)", stacklevel=3)

@@ -32,6 +32,10 @@ class SignSGD(Quantizer):
     GRID = (32.0,)
     CODES = signbits.BITS
 
+    @property
+    def worker_error_feedback(self) -> bool:
+        return False          # plain signSGD: no error feedback (EF-signSGD is its own compressor)
+
     def sections(self, numel: int, theta: float) -> tuple[Section, ...]:
         return signbits.sections(numel, 0)
 

@@ -50,11 +50,10 @@ def build_compressor(config: GravacConfig) -> Compressor:
 
 def static_default_level(config: GravacConfig, comp: Compressor) -> Optional[float]:
     """The level static mode uses when the config does not choose one: a low-rank compressor's rank, a
-    quantizer's own CF (``default_cf``: e.g. TernGrad's bit width) when no ``cf`` key is set."""
-    if comp.level_kind == LevelKind.RANK:
-        return float(getattr(comp.params, "rank", 0))
-    if comp.kind == Kind.QUANTIZED and config.cf is None:
-        return float(comp.default_cf())
+    quantizer's own CF (e.g. TernGrad's bit width) when no ``cf`` key is set (:meth:`Compressor.default_level`)."""
+    if comp.level_kind == LevelKind.RANK or (comp.kind == Kind.QUANTIZED and config.cf is None):
+        level = comp.default_level()
+        return None if level is None else float(level)
     return None
 
 
@@ -65,7 +64,8 @@ def rank_level_bound(config: GravacConfig, comp: Compressor) -> tuple[str, float
         if config.gravac.rank_ladder == "uniform":
             return "uniform", uniform_bound(config)
         return LevelKind.CF, float(config.gravac.theta_min)
-    rank = float(getattr(comp.params, "rank", 1))
+    own = comp.default_level()
+    rank = float(own) if own is not None else 1.0
     if config.mode == "auto":
         return LevelKind.RANK, float(AUTO_RANKS[0])          # the largest rung of auto's ladders
     if config.mode == "accordion":

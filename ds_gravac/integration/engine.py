@@ -71,7 +71,7 @@ class GravacHandle:
         agree_parameters(eng.module.named_parameters())
         release_shm_buffer(rank)    # every rank has mapped the peers' buffers by now (shm_buffer.py)
         _check_compressible(cfg, comp, eng)
-        if getattr(comp, "ladder", "cf") == "uniform":     # before any plan: the classifier's factor width
+        if comp.ladder == "uniform":     # before any plan: the classifier's factor width
             comp.pin(classifier_shapes(_trainable(eng), comp.accepts, cfg.min_compress_numel))
         sink_problem = self._open_sink(rank)
         agree_ok(sink_problem, None)
@@ -127,8 +127,7 @@ class GravacHandle:
                                     f"itself, so every tensor must be compressed; set min_compress_numel to 0 "
                                     f"(dense: {', '.join(dense[:5])}{'...' if len(dense) > 5 else ''})")
         opt = getattr(self.engine, "basic_optimizer", None) or self.engine.optimizer
-        local_wd = bool(getattr(getattr(self.compressor, "params", None), "local_weight_decay", True))
-        moved = ("momentum", "weight_decay") if local_wd else ("momentum",)   # else the optimizer keeps its decay
+        moved = ("momentum", "weight_decay") if self.compressor.applies_weight_decay else ("momentum",)   # else the optimizer keeps its decay
         for group in opt.param_groups:
             for key in moved:
                 if key in group:
@@ -203,18 +202,15 @@ class GravacHandle:
         clip = float(self.engine.gradient_clipping() or 0.0)
         if clip <= 0.0:
             return
-        params = getattr(self.compressor, "params", None)
-        if params is None or not hasattr(params, "clip_norm"):
+        if not self.compressor.take_clipping(clip):
             raise GravacConfigError(f"ds_gravac: compressor '{self.config.compressor.type}' applies momentum "
                                     f"itself and has no clip_norm to take over gradient_clipping ({clip:g}); "
                                     f"set gradient_clipping to 0")
-        if params.clip_norm == 0.0:
-            self.compressor.params = params.model_copy(update={"clip_norm": clip})
         self._switch_off_engine_clipping()
         if log:
             logger.info("ds_gravac: gradient_clipping %g moved into '%s' (each rank's gradient clipped per tensor "
                         "to %g/sqrt(N) before its momentum)", clip, self.config.compressor.type,
-                        self.compressor.params.clip_norm)
+                        self.compressor.clip_norm)
 
     def _on_record(self, rec: dict[str, Any]) -> None:
         if self._sink is not None and self.config.log_interval and rec["step"] % self.config.log_interval == 0:
@@ -257,7 +253,7 @@ class GravacHandle:
         """The clipping threshold in effect: the compressor's when it took the engine's clipping over at attach
         (the engine then reports 0), else the engine's."""
         if self._moved_clipping and self.compressor.owns_optimizer:
-            return float(self.compressor.params.clip_norm)
+            return float(self.compressor.clip_norm)
         if self._moved_clipping:
             return float(self._moved_clipping[0][2])          # local_clipping: the engine's, applied per tensor
         return float(self.engine.gradient_clipping() or 0.0)

@@ -13,7 +13,7 @@ class SharedSelectionCheck:
     """Collects the first compressed step's selection digests and compares them across ranks once."""
 
     def __init__(self, comp: Compressor, control: Any) -> None:
-        self.active = callable(getattr(comp, "indices", None))
+        self.active = comp.shared_indices
         self.control = control
         self.digests: list[int] = []
 

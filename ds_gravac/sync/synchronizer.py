@@ -73,7 +73,7 @@ class Synchronizer:
         self.update_space = UpdateSpace(engine, compressor, self.members)   # EF-signSGD: γ in, Δ/γ out
         self.partitioned = compressor.kind == Kind.QUANTIZED    # payloads per bucket partition, not per member
         self.server = ServerResiduals(self.partitioned and self.pattern.rounds > 1
-                                      and bool(getattr(compressor, "server_error_feedback", False))
+                                      and compressor.server_error_feedback
                                       and (config.error_feedback or compressor.owns_state), channels.world_size)
         self.check_finite = config.mode != "dense" or config.nonfinite == "raise"
         selector = make_selector(config, compressor, self.pattern, rule, self.world_size, channels)

@@ -32,7 +32,7 @@ class UpdateSpace:
     """Per-step learning rates in and out of an update-space compressor (a no-op for every other one)."""
 
     def __init__(self, engine: Any, compressor: Compressor, members: Sequence[Member]) -> None:
-        self.enabled = bool(getattr(compressor, "update_space", False))
+        self.enabled = compressor.update_space
         self._groups: dict[int, dict[str, Any]] = {}
         self._warned = False
         if not self.enabled:

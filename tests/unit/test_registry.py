@@ -8,7 +8,8 @@ import torch
 from pydantic import BaseModel
 
 from ds_gravac.compress import registry
-from ds_gravac.compress.base import CompressCtx, Compressor, CompressorParams, Payload, Section, TensorPlan
+from ds_gravac.compress.base import (CompressCtx, Compressor, CompressorParams, GainKind, LevelKind, Multilevel, Payload,
+                                     Section, TensorPlan)
 from ds_gravac.compress.registry import lookup, register_compressor, registered_names
 from ds_gravac.errors import GravacConfigError
 
@@ -103,6 +104,36 @@ def test_classes_failing_the_contract_are_rejected(clean_registry: dict) -> None
         with pytest.raises(TypeError):
             register_compressor("broken", cls)  # type: ignore[arg-type]
     assert "broken" not in clean_registry
+
+
+def test_enum_attributes_accept_their_strings(clean_registry: dict) -> None:
+    """A plug-in written before the enums (plain strings) registers and compares equal to the members; a wrong
+    value is refused with the allowed ones."""
+    class Strings(Sketch):
+        level_kind = "rank"  # type: ignore[assignment]
+        multilevel = "exact"  # type: ignore[assignment]
+        gain_kind = "unbiased"  # type: ignore[assignment]
+
+    assert register_compressor("strings", Strings) is Strings
+    assert (Strings.level_kind, Strings.multilevel, Strings.gain_kind) == (LevelKind.RANK, Multilevel.EXACT,
+                                                                          GainKind.UNBIASED)
+
+    class Maybe(Sketch):
+        gain_kind = "maybe"  # type: ignore[assignment]
+
+    with pytest.raises(TypeError, match=r"Maybe\.gain_kind must be a GainKind \('projection', 'unbiased', 'none'\), "
+                                        r"not 'maybe'"):
+        register_compressor("maybe", Maybe)
+
+
+def test_declared_extension_points_have_defaults() -> None:
+    """What attach and the synchronizer read of a compressor exists on every one, with the neutral default."""
+    comp = Sketch()
+    assert (comp.ladder, comp.shared_indices, comp.server_error_feedback, comp.applies_weight_decay,
+            comp.clip_norm, comp.default_level(), comp.take_clipping(0.5)) == ("cf", False, False, True, 0.0, None,
+                                                                              False)
+    with pytest.raises(NotImplementedError, match="draws no shared indices"):
+        comp.indices(4, comp.plan(4, 1.0), CompressCtx(key="k"))
 
 
 def test_lookup_plugins_by_module_path() -> None:
