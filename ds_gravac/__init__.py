@@ -75,5 +75,5 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = ["initialize", "attach", "detach", "get_handle", "register_compressor", "GravacHandle", "Compressor",
-           "CompressorParams", "CompressCtx", "Kind", "LevelKind", "GainKind", "Multilevel", "Payload", "Section", "TensorPlan", "GravacError",
-           "GravacConfigError", "GravacUnsupportedError", "__version__"]
+           "CompressorParams", "CompressCtx", "Kind", "LevelKind", "GainKind", "Multilevel", "Payload", "Section",
+           "TensorPlan", "GravacError", "GravacConfigError", "GravacUnsupportedError", "__version__"]

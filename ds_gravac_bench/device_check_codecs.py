@@ -38,7 +38,7 @@ def _ctx(comp: Any, shape: tuple[int, ...], device: torch.device) -> CompressCtx
         n *= d
     ctx = CompressCtx(key="w", step=3, rank=0, world_size=2, seed=7, shape=shape,
                       param=torch.nn.Parameter(torch.zeros(shape, device=device)), lr=0.1, momentum=0.9)
-    ctx.memory = {slot: torch.zeros(n, device=device) for slot in comp.memory_slots}
+    ctx.memory = {slot: torch.zeros(n, device=device) for slot in comp.Memory.slots}
     return ctx
 
 
@@ -62,7 +62,7 @@ class Roundtrip:
         """(payload words, decoded output), left on the device."""
         comp, ctx, x = self.comp, self.ctx, self.x
         if comp.owns_state:
-            comp.compensate(self.g, x, ctx)
+            comp.memory.compensate(self.g, x, ctx)
         else:
             x.copy_(self.g)
         comp.compress(x, self.plan, self.p, ctx, update_state=False)

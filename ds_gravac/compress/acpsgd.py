@@ -21,15 +21,52 @@ from typing import Any, Optional, Sequence
 import torch
 
 from .base import CompressCtx, Payload, Section, TensorPlan
-from .lowrank_base import F32, LowRankCompressor
+from .lowrank_base import F32, LowRankCompressor, LowRankMemory
 
 Tensor = torch.Tensor
 P_STEP, Q_STEP = 0, 1
 
 
+class ACPSGDMemory(LowRankMemory):
+    """ACP-SGD's local error ``X − P_w·Qhᵀ`` (or ``X − Ph·Q_wᵀ``), and the shared factor adopted after the step."""
+
+    comp: ACPSGD
+
+    def commit(self, x: Tensor, p: Payload, ctx: CompressCtx) -> None:
+        """The local error, before any communication: ``X − P_w·Qhᵀ`` or ``X − Ph·Q_wᵀ``."""
+        if "plain" in p or not self.comp.uses_error(ctx):
+            x.zero_()
+            return
+        a, b, n, m = self.comp._outer(p, ctx)
+        x.view(n, m).addmm_(a, b, alpha=-1.0)
+
+    def commit_aggregate(self, x: Tensor, g: Tensor, payloads: Sequence[Payload], ctx: CompressCtx) -> None:
+        """Finite step, sent compressed: the aggregated factor (a sum: orth is scale-invariant) is shared. Sent
+        dense: the factor the next compressed step reads follows the exact average (:meth:`refresh`)."""
+        if not payloads:
+            self.comp.refresh(ctx, g, "q" if self.comp.phase == P_STEP else "p")
+            return
+        p = payloads[0]
+        if p.plan.get("phase", self.comp.phase) == P_STEP:
+            self.comp.p_levels[ctx.key] = float(p.plan.level)
+        if "f" not in p:
+            return
+        n, m, r = self.comp.dims(p.plan)
+        side, cols = ("p", n) if p.plan.get("phase") == P_STEP else ("q", m)
+        f = p["f"].view(r, cols)
+        if self.comp.wants_energies:   # G = scale·F·basis, orthonormal basis: scale from ‖G‖² = scale²·‖F‖²
+            total = float(f.double().square().sum())
+            if total > 0:
+                g_energy = float(torch.linalg.vector_norm(g, dtype=torch.float64)) ** 2   # no float64 copy of G
+                self.comp.record_energies(ctx, f, (g_energy / total) ** 0.5)
+        self.comp.factor(ctx, side, cols, self.comp.width(n, m))
+        self.comp.adopt(ctx, side, f, r)
+
+
 class ACPSGD(LowRankCompressor):
     name = "acpsgd"
     pair_factor = 2.0        # a P/Q pair moves (n + m)·r values for two steps' gradients
+    Memory = ACPSGDMemory
 
     def __init__(self, params: Any = None) -> None:
         super().__init__(params)
@@ -69,7 +106,7 @@ class ACPSGD(LowRankCompressor):
             else:
                 torch.mm(shared, xm, out=out["f"].view(r, m))
         if update_state:
-            self.commit(x, out, ctx)
+            self.memory.commit(x, out, ctx)
         return None
 
     def compress_from(self, p1: Payload, x: Tensor, plan2: TensorPlan, out: Payload,
@@ -102,37 +139,6 @@ class ACPSGD(LowRankCompressor):
             out.view(n, m).addmm_(a, b, alpha=scale)
         else:
             torch.mm(a, b * scale, out=out.view(n, m))
-
-    # ---- memory ------------------------------------------------------------------------------------------
-    def commit(self, x: Tensor, p: Payload, ctx: CompressCtx) -> None:
-        """The local error, before any communication: ``X − P_w·Qhᵀ`` or ``X − Ph·Q_wᵀ``."""
-        if "plain" in p or not self.uses_error(ctx):
-            x.zero_()
-            return
-        a, b, n, m = self._outer(p, ctx)
-        x.view(n, m).addmm_(a, b, alpha=-1.0)
-
-    def commit_aggregate(self, x: Tensor, g: Tensor, payloads: Sequence[Payload], ctx: CompressCtx) -> None:
-        """Finite step, sent compressed: the aggregated factor (a sum: orth is scale-invariant) is shared. Sent
-        dense: the factor the next compressed step reads follows the exact average (:meth:`refresh`)."""
-        if not payloads:
-            self.refresh(ctx, g, "q" if self.phase == P_STEP else "p")
-            return
-        p = payloads[0]
-        if p.plan.get("phase", self.phase) == P_STEP:
-            self.p_levels[ctx.key] = float(p.plan.level)
-        if "f" not in p:
-            return
-        n, m, r = self.dims(p.plan)
-        side, cols = ("p", n) if p.plan.get("phase") == P_STEP else ("q", m)
-        f = p["f"].view(r, cols)
-        if self.wants_energies:    # G = scale·F·basis with an orthonormal basis: the scale from ‖G‖² = scale²·‖F‖²
-            total = float(f.double().square().sum())
-            if total > 0:
-                g_energy = float(torch.linalg.vector_norm(g, dtype=torch.float64)) ** 2   # no float64 copy of G
-                self.record_energies(ctx, f, (g_energy / total) ** 0.5)
-        self.factor(ctx, side, cols, self.width(n, m))
-        self.adopt(ctx, side, f, r)
 
     def step_committed(self, compressed: bool) -> None:
         """The parity flips only after a finite step that sent ACP payloads."""

@@ -1,26 +1,15 @@
 """The compressor contract.
 
 A compressor encodes one flat fp32 tensor at a time into *sections* (typed views of a word buffer) whose sizes
-depend only on (numel, level, parameters). Compressors never communicate: the synchronizer owns every
-collective (through the exchange patterns of ``ds_gravac.sync.exchange``), so all rank-agreement reasoning lives
-in one place. Compressors never own persistent memory either: error-feedback residuals and a compressor's own
-memory (``memory_slots``, e.g. DGC's momentum and velocity) live in the synchronizer's memory object, which
-applies every state change only after the ranks agreed that the step's gradients were finite.
-
-The life of one tensor in one step:
-
-1. ``compensate(g, out, ctx)`` (``owns_state`` only; otherwise the memory forms ``x = g + r``): write the
-   compressor's input ``x`` into ``out``, reading ``ctx.memory`` but never changing it.
-2. ``compress``/``compress_from`` at every level the step measures or sends (pure).
-3. ``commit(x, p, ctx)``: turn ``x`` *in place* into the memory this tensor keeps after sending ``p``
-   (``x − D(p)`` for error feedback; DGC: the velocity with the sent entries cleared). Still pure with respect to
-   persistent state: ``x`` is the step's scratch.
-4. After the agreement, the memory object adopts that scratch as the new ``input_slot`` and calls
-   ``commit_memory(p, ctx)`` for the other slots (DGC: momentum); a dense send calls ``dense_sent(ctx)`` instead.
-   Once the bucket's aggregate ``G`` is decoded, ``commit_aggregate(x, G, payloads, ctx)`` updates what depends on
-   it (PowerSGD: ``E = X − G``; low-rank: the shared factors), and after every bucket ``step_committed`` advances
-   per-step replicated state (ACP-SGD's parity). A step whose gradients were not finite on some rank does none of
-   this: the memory and the compressor's state stay as they were.
+depend only on (numel, level, parameters): it plans, encodes, decodes and says which levels it realizes.
+Compressors never communicate: the synchronizer owns every collective (through the exchange patterns of
+``ds_gravac.sync.exchange``), so all rank-agreement reasoning lives in one place. What a tensor remembers between
+steps — the error-feedback residual, or a compressor's own memory such as DGC's momentum and velocity — follows
+the compressor's memory rule (``Memory``, a :class:`~ds_gravac.compress.memory.CompressorMemory`; the instance is
+``compressor.memory``), applied to buffers the synchronizer owns, and only after the ranks agreed that the step's
+gradients were finite (the life of a tensor in a step: ``ds_gravac/compress/memory.py``). After every bucket
+committed, ``step_committed`` advances per-step replicated state (ACP-SGD's parity); a step whose gradients were
+not finite on some rank changes neither the memory nor the compressor's state.
 
 Plans are per tensor *shape* and level (:meth:`Compressor.tensor_plan`; element-wise compressors only need the
 count). ``phase`` is replicated state that selects payload layouts (ACP-SGD's P/Q parity); it changes only in
@@ -30,14 +19,14 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional, Sequence
 
 import torch
 from pydantic import BaseModel, ConfigDict
 
 from .kinds import GainKind, Kind, LevelKind, Multilevel  # noqa: F401  (the contract's enums, importable here)
-from .payload import Payload, Section, TensorPlan  # noqa: F401  (the wire layout types, importable here)
+from .memory import CompressorMemory, legacy_memory
+from .payload import CompressCtx, Payload, Section, TensorPlan  # noqa: F401  (the data types, importable here)
 
 MASK64 = (1 << 64) - 1
 
@@ -48,25 +37,6 @@ class CompressorParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_default=True, validate_assignment=True, strict=True,
                               allow_inf_nan=False)
-
-
-@dataclass
-class CompressCtx:
-    """What a compressor may know about the tensor it encodes; ``memory`` holds its slots' views (``owns_state``)."""
-
-    key: str
-    step: int = 0
-    rank: int = 0
-    world_size: int = 1
-    seed: int = 0
-    residual: Optional[torch.Tensor] = None   # external EF segment (fp32), may alias x
-    param: Optional[torch.Tensor] = None
-    lr: float = 0.0
-    weight_decay: float = 0.0
-    momentum: float = 0.0
-    error_feedback: bool = True
-    shape: tuple[int, ...] = field(default_factory=tuple)
-    memory: dict[str, torch.Tensor] = field(default_factory=dict)   # slot name → this tensor's flat fp32 view
 
 
 def stable_hash(text: str) -> int:
@@ -128,10 +98,9 @@ class Compressor:
     # set by the synchronizer when something reads component_energies: measuring them costs a pass over every
     # compressed gradient per step (ACP-SGD), wasted in every other mode
     wants_energies: bool = False
-    # owns_state only: names of the flat fp32 memory buffers the synchronizer keeps per tensor, and the one that
-    # becomes the committed input after a compressed send (DGC: ("u", "v") and "v").
-    memory_slots: ClassVar[tuple[str, ...]] = ()
-    input_slot: ClassVar[Optional[str]] = None
+    # the per-tensor memory rule (compress/memory.py): plain error feedback, or the compressor's own memory with
+    # its slots (owns_state: DGC's u and v); ``self.memory`` is its instance bound to this compressor
+    Memory: ClassVar[type[CompressorMemory]] = CompressorMemory
     # How payloads cross the ranks: None = by kind (SUMMABLE: "allreduce", otherwise "allgather"); a name
     # registered in ds_gravac.sync.exchange otherwise.
     exchange: ClassVar[Optional[str]] = None
@@ -140,8 +109,15 @@ class Compressor:
     # rank ladder (attach then calls :meth:`pin`); "cf" otherwise
     ladder: str = "cf"
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        legacy = legacy_memory(cls)      # a plug-in that still carries the memory hooks of the 0.4 contract itself
+        if legacy is not None:
+            cls.Memory = legacy
+
     def __init__(self, params: Optional[CompressorParams] = None) -> None:
         self.params = params if params is not None else self.Params()
+        self.memory = self.Memory(self)
         self._plans: dict[tuple[int, float], TensorPlan] = {}
 
     # ---- static properties -------------------------------------------------------------------------
@@ -241,21 +217,10 @@ class Compressor:
                  update_state: bool) -> Optional[torch.Tensor]:
         """Encode ``x`` into ``out``. Returns the number of real entries (0-d tensor) for sparsifiers.
 
-        With ``update_state`` the error-feedback update for this payload is applied in the same pass
-        (external EF: ``ctx.residual ← x − D(p)``, where ``ctx.residual`` may alias ``x``).
+        With ``update_state`` the memory rule's update for this payload is applied in the same pass
+        (``self.memory.commit``; external EF: ``ctx.residual ← x − D(p)``, ``ctx.residual`` may alias ``x``).
         """
         raise NotImplementedError
-
-    def commit(self, x: torch.Tensor, p: Payload, ctx: CompressCtx) -> None:
-        """Leave in ``ctx.residual`` (which may alias ``x``) the memory after sending ``p``: ``x − D(p)``.
-
-        The synchronizer calls it with ``ctx.residual`` = the step's scratch, so nothing persistent changes here;
-        ``compress(update_state=True)`` applies it in the same pass."""
-        if self.owns_state or ctx.residual is None or not ctx.error_feedback:
-            return
-        if ctx.residual.data_ptr() != x.data_ptr():
-            ctx.residual.copy_(x)
-        self.decompress(p, ctx.residual, accumulate=True, scale=-1.0, ctx=ctx)
 
     def compress_from(self, p1: Payload, x: torch.Tensor, plan2: TensorPlan, out: Payload,
                       ctx: CompressCtx) -> Optional[torch.Tensor]:
@@ -277,26 +242,10 @@ class Compressor:
         self.decompress(p, out, accumulate=False, scale=1.0, ctx=ctx)
         return out.double().square().sum()
 
-    # ---- memory ------------------------------------------------------------------------------------
+    # ---- schedule and replicated state ------------------------------------------------------------
     def effective_cf(self, theta: float, step: int) -> float:
         """Level actually used at ``step`` (DGC's warm-up caps θ); must depend on agreed values only."""
         return theta
-
-    def compensate(self, g: torch.Tensor, out: torch.Tensor, ctx: CompressCtx) -> None:
-        """``owns_state`` only: write the compensated input (e.g. DGC's velocity) into ``out`` from the flat fp32
-        gradient ``g`` and ``ctx.memory``, without changing the memory. Called once per tensor per step."""
-        out.copy_(g)
-
-    def commit_memory(self, g: torch.Tensor, p: Payload, ctx: CompressCtx) -> None:
-        """``owns_state`` only: after the step was agreed finite, update the memory slots other than
-        ``input_slot`` (which already holds what :meth:`commit` left in the input) for the sent payload ``p``;
-        ``g`` is the same flat fp32 gradient :meth:`compensate` received."""
-
-    def commit_aggregate(self, x: torch.Tensor, g: torch.Tensor, payloads: Sequence[Payload],
-                         ctx: CompressCtx) -> None:
-        """``owns_state`` only, finite step: after the aggregate ``g`` of the tensor was decoded. ``payloads`` are
-        the reduced payloads of every round, or empty when the tensor went dense this step (``g`` is then the
-        exact average); ``x`` is the committed ``input_slot`` view after a compressed send."""
 
     def component_energies(self, ctx: CompressCtx) -> Optional[torch.Tensor]:
         """``aggregate_gain`` only: after :meth:`commit_aggregate`, the energy of each rank-one component of the
@@ -305,16 +254,6 @@ class Compressor:
 
     def step_committed(self, compressed: bool) -> None:
         """Once per finite step after every bucket committed; ``compressed``: some bucket sent a payload."""
-
-    def reset(self, ctx: CompressCtx) -> None:
-        """Clear a tensor's own memory (dense step, EF reset, world-size change)."""
-        for view in ctx.memory.values():
-            view.zero_()
-
-    def dense_sent(self, g: torch.Tensor, ctx: CompressCtx) -> None:
-        """``owns_state`` only: the compensated input was sent dense this step (after the agreement): by
-        default the memory is cleared, as a dense send transmits everything it held."""
-        self.reset(ctx)
 
     def state_dict(self) -> dict[str, dict[str, Any]]:
         return {"replicated": {}, "local": {}}
@@ -325,12 +264,11 @@ class Compressor:
 
 REQUIRED_ATTRS = ("name", "Params", "kind", "rounds", "owns_state", "level_kind", "multilevel", "gain_kind",
                   "server_reencode", "owns_optimizer", "static_only", "update_space", "shared_indices",
-                  "aggregate_gain", "memory_slots", "input_slot", "exchange", "ladder", "applies_weight_decay",
+                  "aggregate_gain", "Memory", "exchange", "ladder", "applies_weight_decay",
                   "clip_norm", "server_error_feedback")
 REQUIRED_METHODS = ("make_plan", "compress", "decompress", "accepts", "cf_grid", "realize_cf", "sent_sq_norm",
                     "bind_levels", "pin", "default_level", "check_engine", "take_clipping", "indices",
-                    "compensate", "commit", "commit_memory", "dense_sent", "reset", "state_dict",
-                    "load_state_dict")
+                    "effective_cf", "member_level", "step_committed", "state_dict", "load_state_dict")
 
 
 def check_contract(cls: type) -> None:
@@ -358,6 +296,9 @@ def check_contract(cls: type) -> None:
             allowed = ", ".join(repr(m.value) for m in enum_type)
             raise TypeError(f"ds_gravac: compressor {cls.__name__}.{attr} must be a {enum_type.__name__} "
                             f"({allowed}), not {value!r}")
-    if cls.owns_state and (not cls.memory_slots or cls.input_slot not in cls.memory_slots):
-        raise TypeError(f"ds_gravac: compressor {cls.__name__} owns state: it must name its memory_slots and "
+    memory = cls.Memory
+    if not (isinstance(memory, type) and issubclass(memory, CompressorMemory)):
+        raise TypeError(f"ds_gravac: compressor {cls.__name__}.Memory must be a CompressorMemory subclass")
+    if cls.owns_state and (not memory.slots or memory.input_slot not in memory.slots):
+        raise TypeError(f"ds_gravac: compressor {cls.__name__} owns state: its Memory must name its slots and "
                         f"which of them is the input_slot")

@@ -21,7 +21,8 @@ import torch
 from .base import CompressCtx, Compressor, CompressorParams, Kind, Payload, Section, TensorPlan
 from .kinds import GainKind, LevelKind, Multilevel
 from .qkernels import Workspace, chunk_size, spans
-from .quantize import emit, external_ef_commit
+from .memory import SwitchedErrorFeedback
+from .quantize import emit
 
 Tensor = torch.Tensor
 VALUES = "val"
@@ -60,6 +61,7 @@ class HalfCast(Compressor):
     gain_kind = GainKind.NONE
     level_kind = LevelKind.CF
     dtype: ClassVar[torch.dtype] = torch.float16
+    Memory = SwitchedErrorFeedback     # external EF ``r = x − N·fp32(y)`` when enabled, zeros when off
 
     def __init__(self, params: Optional[CompressorParams] = None) -> None:
         super().__init__(params)
@@ -88,7 +90,7 @@ class HalfCast(Compressor):
         full[:x.numel()].copy_((x / n).clamp_(-v, v))
         full[x.numel():].zero_()
         if update_state:
-            self.commit(x, out, ctx)
+            self.memory.commit(x, out, ctx)
         return None
 
     def decompress(self, p: Payload, out: Tensor, accumulate: bool, scale: float,
@@ -105,7 +107,3 @@ class HalfCast(Compressor):
         for lo, hi in spans(y.numel(), step):
             vals = buf[:hi - lo].copy_(y[lo:hi])
             emit(out[lo:hi], vals.mul_(factor) if factor != 1.0 else vals, accumulate)
-
-    def commit(self, x: Tensor, p: Payload, ctx: CompressCtx) -> None:
-        """External EF ``r = x − N·fp32(y)`` when enabled, zeros when off."""
-        external_ef_commit(self, x, p, ctx, self.worker_error_feedback)

@@ -17,6 +17,7 @@ from . import sparse_select as sel
 from . import sparse_thresholds as thresholds
 from .base import CompressCtx, Payload, TensorPlan
 from .local_clipping import clip_factor, local_limit
+from .memory import CompressorMemory
 from .optimizers import find_optimizer, optimizer_chain
 from .sparse import SparseCompressor, SparseParams, trim
 
@@ -44,6 +45,61 @@ class DGCParams(SparseParams):
     dense_keeps_momentum: bool = False
 
 
+class DGCMemory(CompressorMemory):
+    """DGC's memory: per-rank momentum ``u`` and velocity ``v`` (fp32, in the synchronizer's slots); ``v`` is the
+    input. Momentum correction: ``x = v + (m·u + g)``; after a send, the sent entries of ``v`` (and, with momentum
+    masking, of ``u``) are cleared."""
+
+    slots = ("u", "v")
+    input_slot = "v"
+    comp: DGC
+
+    def _momentum_input(self, g: Tensor, ctx: CompressCtx) -> tuple[Tensor, float]:
+        """The gradient that enters the momentum (clipped, with weight decay folded in when clipping)."""
+        p = self.comp.params
+        wd = ctx.weight_decay if p.local_weight_decay and ctx.param is not None else 0.0
+        if p.clip_norm > 0:
+            g = g if wd == 0 else g.add(ctx.param.detach().reshape(-1).to(g.dtype), alpha=wd)
+            wd = 0.0
+            factor = clip_factor(float(g.norm()), local_limit(p.clip_norm, ctx.world_size))
+            if factor != 1.0:
+                g = g * factor
+        return g, wd
+
+    def _new_momentum(self, g: Tensor, ctx: CompressCtx, out: Tensor) -> None:
+        """``out ← m·u + g (+ wd·w)``: the same ops when staging (into the scratch) and committing (into u), so
+        the committed momentum is bitwise the one the sent velocity was built from."""
+        g, wd = self._momentum_input(g.reshape(-1), ctx)
+        torch.mul(ctx.memory["u"], self.comp.params.momentum, out=out)
+        out.add_(g)
+        if wd:
+            out.add_(ctx.param.detach().reshape(-1).to(out.dtype), alpha=wd)
+
+    def compensate(self, g: Tensor, out: Tensor, ctx: CompressCtx) -> None:
+        """Velocity ``v + (m·u + g)`` into ``out``; u and v stay as they are until the step is committed."""
+        self._new_momentum(g, ctx, out)
+        out.add_(ctx.memory["v"])
+
+    def commit(self, x: Tensor, p: Payload, ctx: CompressCtx) -> None:
+        """``x`` becomes the new velocity: clear the real selected indices (padding never masks index 0)."""
+        x.index_fill_(0, _sent_indices(p), 0.0)
+
+    def commit_memory(self, g: Tensor, p: Payload, ctx: CompressCtx) -> None:
+        u = ctx.memory["u"]
+        self._new_momentum(g, ctx, u)
+        if self.comp.params.momentum_masking:
+            u.index_fill_(0, _sent_indices(p), 0.0)
+
+    def dense_sent(self, g: Tensor, ctx: CompressCtx) -> None:
+        """Default: a dense send transmitted everything, u and v restart. ``dense_keeps_momentum``: a heavy-ball
+        step — v is cleared and u keeps its update, with or without momentum masking."""
+        if not self.comp.params.dense_keeps_momentum:
+            self.reset(ctx)
+            return
+        ctx.memory["v"].zero_()
+        self._new_momentum(g, ctx, ctx.memory["u"])
+
+
 class DGC(SparseCompressor):
     """Momentum-corrected sparsification with a sampled, adapted threshold and fixed capacity."""
 
@@ -51,8 +107,7 @@ class DGC(SparseCompressor):
     Params = DGCParams
     owns_state = True
     owns_optimizer = True   # momentum and weight decay move into the compressor (the optimizer runs plain SGD)
-    memory_slots = ("u", "v")
-    input_slot = "v"
+    Memory = DGCMemory
 
     def __init__(self, params: Optional[DGCParams] = None) -> None:
         super().__init__(params)
@@ -96,52 +151,6 @@ class DGC(SparseCompressor):
             return min(theta, float(4 ** (stage + 1)))
         return theta
 
-    # ---- memory: u (momentum) and v (velocity) live in the synchronizer's memory slots ------------------
-    def _momentum_input(self, g: Tensor, ctx: CompressCtx) -> tuple[Tensor, float]:
-        """The gradient that enters the momentum (clipped, with weight decay folded in when clipping)."""
-        p = self.params
-        wd = ctx.weight_decay if p.local_weight_decay and ctx.param is not None else 0.0
-        if p.clip_norm > 0:
-            g = g if wd == 0 else g.add(ctx.param.detach().reshape(-1).to(g.dtype), alpha=wd)
-            wd = 0.0
-            factor = clip_factor(float(g.norm()), local_limit(p.clip_norm, ctx.world_size))
-            if factor != 1.0:
-                g = g * factor
-        return g, wd
-
-    def _new_momentum(self, g: Tensor, ctx: CompressCtx, out: Tensor) -> None:
-        """``out ← m·u + g (+ wd·w)``: the same ops when staging (into the scratch) and committing (into u), so
-        the committed momentum is bitwise the one the sent velocity was built from."""
-        g, wd = self._momentum_input(g.reshape(-1), ctx)
-        torch.mul(ctx.memory["u"], self.params.momentum, out=out)
-        out.add_(g)
-        if wd:
-            out.add_(ctx.param.detach().reshape(-1).to(out.dtype), alpha=wd)
-
-    def compensate(self, g: Tensor, out: Tensor, ctx: CompressCtx) -> None:
-        """Velocity ``v + (m·u + g)`` into ``out``; u and v stay as they are until the step is committed."""
-        self._new_momentum(g, ctx, out)
-        out.add_(ctx.memory["v"])
-
-    def commit(self, x: Tensor, p: Payload, ctx: CompressCtx) -> None:
-        """``x`` becomes the new velocity: clear the real selected indices (padding never masks index 0)."""
-        x.index_fill_(0, _sent_indices(p), 0.0)
-
-    def commit_memory(self, g: Tensor, p: Payload, ctx: CompressCtx) -> None:
-        u = ctx.memory["u"]
-        self._new_momentum(g, ctx, u)
-        if self.params.momentum_masking:
-            u.index_fill_(0, _sent_indices(p), 0.0)
-
-    def dense_sent(self, g: Tensor, ctx: CompressCtx) -> None:
-        """Default: a dense send transmitted everything, u and v restart. ``dense_keeps_momentum``: a heavy-ball
-        step — v is cleared and u keeps its update, with or without momentum masking."""
-        if not self.params.dense_keeps_momentum:
-            self.reset(ctx)
-            return
-        ctx.memory["v"].zero_()
-        self._new_momentum(g, ctx, ctx.memory["u"])
-
     # ---- selection ---------------------------------------------------------------------------------
     def select(self, x: Tensor, plan: TensorPlan, ctx: CompressCtx) -> Tensor:
         p, n, k = self.params, x.numel(), plan.k
@@ -168,7 +177,7 @@ class DGC(SparseCompressor):
         idx = self.select(x, plan, ctx)
         m = sel.write_entries(out["idx"], out["val"], idx, sel.gather(x, idx))
         if update_state:
-            self.commit(x, out, ctx)
+            self.memory.commit(x, out, ctx)
         return torch.tensor(m)
 
     def select_stage2(self, a1: Tensor, k2: int, plan2: TensorPlan, x: Tensor, ctx: CompressCtx) -> Tensor:

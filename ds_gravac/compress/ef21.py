@@ -26,17 +26,17 @@ from typing import Sequence
 import torch
 
 from .base import CompressCtx, Payload
+from .memory import CompressorMemory
 from .topk import TopK
 
 Tensor = torch.Tensor
 
 
-class EF21(TopK):
-    """Top-k of the change of a per-rank gradient estimate; the optimizer applies the shared estimate."""
+class EF21Memory(CompressorMemory):
+    """EF21's memory: this rank's gradient estimate ``h`` (the input slot) and the shared estimate ``H`` the
+    optimizer applies. The input is the change ``g − h``; after a send ``h ← h + D(p)`` and ``H ← H + G``."""
 
-    name = "ef21"
-    owns_state = True
-    memory_slots = ("h", "H")
+    slots = ("h", "H")
     input_slot = "h"
 
     def compensate(self, g: Tensor, out: Tensor, ctx: CompressCtx) -> None:
@@ -45,7 +45,7 @@ class EF21(TopK):
     def commit(self, x: Tensor, p: Payload, ctx: CompressCtx) -> None:
         """The scratch becomes the new estimate ``h + D(p)`` (adopted as ``h`` after the agreement)."""
         x.copy_(ctx.memory["h"])
-        self.decompress(p, x, accumulate=True, scale=1.0, ctx=ctx)
+        self.comp.decompress(p, x, accumulate=True, scale=1.0, ctx=ctx)
 
     def dense_sent(self, g: Tensor, ctx: CompressCtx) -> None:
         """``g − h`` went out whole: the estimate is now the gradient itself."""
@@ -56,6 +56,14 @@ class EF21(TopK):
         est = ctx.memory["H"]
         est.add_(g)
         g.copy_(est)
+
+
+class EF21(TopK):
+    """Top-k of the change of a per-rank gradient estimate; the optimizer applies the shared estimate."""
+
+    name = "ef21"
+    owns_state = True
+    Memory = EF21Memory
 
 
 __all__ = ["EF21"]

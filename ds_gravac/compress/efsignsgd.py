@@ -20,10 +20,18 @@ import torch
 
 from . import signbits
 from .base import CompressCtx, CompressorParams, Payload, Section, TensorPlan
+from .memory import ResidualMemory
 from .optimizers import find_optimizer
 from .quantize import OwnMemoryQuantizer
 
 Tensor = torch.Tensor
+
+
+class EFSignSGDMemory(ResidualMemory):
+    """The update-space error ``e`` is the memory and the input, ``x = γ·g + e`` (slot ``"e"`` in checkpoints)."""
+
+    slots = ("e",)
+    input_slot = "e"
 
 
 class EFSignSGDParams(CompressorParams):
@@ -38,8 +46,7 @@ class EFSignSGD(OwnMemoryQuantizer):
     GRID = (32.0,)
     CODES = signbits.BITS
     update_space = True
-    memory_slots = ("e",)
-    input_slot = "e"
+    Memory = EFSignSGDMemory
 
     @property
     def server_error_feedback(self) -> bool:

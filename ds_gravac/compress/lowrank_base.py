@@ -34,6 +34,7 @@ from pydantic import Field
 
 from .base import CompressCtx, Compressor, CompressorParams, Kind, Payload, Section, TensorPlan
 from .kinds import GainKind, LevelKind, Multilevel
+from .memory import CompressorMemory
 from .lowrank import matrix_rank, matrix_shape, orthogonalize, seeded_factor, uniform_levels, uniform_rank
 
 Tensor = torch.Tensor
@@ -54,6 +55,21 @@ class LowRankParams(CompressorParams):
     dense_refresh: bool = True
 
 
+class LowRankMemory(CompressorMemory):
+    """The low-rank error ``E`` (slot ``"error"``): ``X = M + E`` (``M`` alone without error feedback); what ``E``
+    becomes is the subclass's rule (PowerSGD: ``X − G`` after the aggregate; ACP-SGD: the local error)."""
+
+    slots = ("error",)
+    input_slot = "error"
+    comp: LowRankCompressor
+
+    def compensate(self, g: Tensor, out: Tensor, ctx: CompressCtx) -> None:
+        if self.comp.params.error_feedback and ctx.error_feedback:
+            torch.add(ctx.memory["error"], g, out=out)
+        else:
+            out.copy_(g)
+
+
 class LowRankCompressor(Compressor):
     """Base of the low-rank compressors (see the module docstring). Subclasses define the payload sections."""
 
@@ -63,8 +79,7 @@ class LowRankCompressor(Compressor):
     level_kind = LevelKind.RANK
     multilevel = Multilevel.NONE
     gain_kind = GainKind.PROJECTION
-    memory_slots = ("error",)
-    input_slot = "error"
+    Memory = LowRankMemory
     aggregate_gain = True      # reports the energy of each component of the applied aggregate (component_energies)
     pair_factor = 1.0          # CF of one full exchange is pair_factor·n·m/((n+m)·r) (ACP sends a pair)
 
@@ -256,14 +271,7 @@ class LowRankCompressor(Compressor):
         ``None`` when it travelled plain or no projection was computed. GraVAC's ``"aggregate"`` gain uses them."""
         return self._energies.pop(ctx.key, None)
 
-    # ---- the error memory --------------------------------------------------------------------------------
-    def compensate(self, g: Tensor, out: Tensor, ctx: CompressCtx) -> None:
-        """``X = M + E`` (``M`` alone without error feedback)."""
-        if self.params.error_feedback and ctx.error_feedback:
-            torch.add(ctx.memory["error"], g, out=out)
-        else:
-            out.copy_(g)
-
+    # ---- the error memory (LowRankMemory) ----------------------------------------------------------------
     def uses_error(self, ctx: CompressCtx) -> bool:
         return self.params.error_feedback and ctx.error_feedback
 

@@ -1,8 +1,9 @@
-"""The wire layout of one tensor's payload: typed sections of a 32-bit word buffer, and the per-level plan."""
+"""The data a compressor works on: the wire layout of one tensor's payload (typed sections of a 32-bit word
+buffer, the per-level plan) and what the compressor may know about the tensor (:class:`CompressCtx`)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Optional
 
 import torch
 
@@ -82,3 +83,22 @@ class Payload:
     def allocate(cls, plan: TensorPlan, dtype: torch.dtype = torch.int32,
                  device: torch.device | str = "cpu") -> "Payload":
         return cls(plan, torch.zeros(plan.words, dtype=dtype, device=device))
+
+
+@dataclass
+class CompressCtx:
+    """What a compressor may know about the tensor it encodes; ``memory`` holds its slots' views (``owns_state``)."""
+
+    key: str
+    step: int = 0
+    rank: int = 0
+    world_size: int = 1
+    seed: int = 0
+    residual: Optional[torch.Tensor] = None   # external EF segment (fp32), may alias x
+    param: Optional[torch.Tensor] = None
+    lr: float = 0.0
+    weight_decay: float = 0.0
+    momentum: float = 0.0
+    error_feedback: bool = True
+    shape: tuple[int, ...] = field(default_factory=tuple)
+    memory: dict[str, torch.Tensor] = field(default_factory=dict)   # slot name → this tensor's flat fp32 view

@@ -19,7 +19,7 @@ import torch
 
 from .base import CompressCtx, Payload, Section, TensorPlan
 from .lowrank import seeded_factor
-from .lowrank_base import F32, LowRankCompressor, LowRankParams
+from .lowrank_base import F32, LowRankCompressor, LowRankMemory, LowRankParams
 
 Tensor = torch.Tensor
 
@@ -28,11 +28,42 @@ class PowerSGDParams(LowRankParams):
     warm_start: bool = True
 
 
+class PowerSGDMemory(LowRankMemory):
+    """PowerSGD's error ``E ← X − G``, known only once the aggregate is (written in :meth:`commit_aggregate`)."""
+
+    comp: PowerSGD
+
+    def commit(self, x: Tensor, p: Payload, ctx: CompressCtx) -> None:
+        """Nothing yet: PowerSGD's error needs the aggregate (see :meth:`commit_aggregate`)."""
+
+    def commit_aggregate(self, x: Tensor, g: Tensor, payloads: Sequence[Payload], ctx: CompressCtx) -> None:
+        """Finite step, sent compressed: ``E ← X − G`` and ``Q_prev ← Q/N``; plain matrices keep no error. Sent
+        dense (no payloads): the warm start follows the exact average (:meth:`refresh`)."""
+        if not payloads:
+            if self.comp.params.warm_start:
+                self.comp.refresh(ctx, g, "q")
+            return
+        p1 = payloads[0]
+        if "plain" in p1 or not self.comp.uses_error(ctx):
+            x.zero_()
+        else:
+            x.sub_(g)
+        qt = self.comp._step_q.pop(ctx.key, None)
+        if qt is not None:
+            self.comp.record_energies(ctx, qt)        # G = Ph·Qᵀ with orthonormal Ph: ‖G‖² = Σ_k ‖q_k‖²
+        if qt is not None and self.comp.params.warm_start:
+            n, m, r = self.comp.dims(p1.plan)
+            self.comp.factor(ctx, "q", m, self.comp.width(n, m))
+            self.comp.adopt(ctx, "q", qt, r)
+        self.comp._step_ph.pop(ctx.key, None)
+
+
 class PowerSGD(LowRankCompressor):
     name = "powersgd"
     Params = PowerSGDParams
     rounds = 2
     exchange = "two_round"
+    Memory = PowerSGDMemory
 
     def __init__(self, params: Optional[PowerSGDParams] = None) -> None:
         super().__init__(params)
@@ -101,28 +132,3 @@ class PowerSGD(LowRankCompressor):
     def sent_payload_words(self, plan: TensorPlan) -> int:
         second = plan.get("round2")
         return plan.words + (second.words if second is not None else 0)
-
-    # ---- memory ------------------------------------------------------------------------------------------
-    def commit(self, x: Tensor, p: Payload, ctx: CompressCtx) -> None:
-        """Nothing yet: PowerSGD's error needs the aggregate (see :meth:`commit_aggregate`)."""
-
-    def commit_aggregate(self, x: Tensor, g: Tensor, payloads: Sequence[Payload], ctx: CompressCtx) -> None:
-        """Finite step, sent compressed: ``E ← X − G`` and ``Q_prev ← Q/N``; plain matrices keep no error. Sent
-        dense (no payloads): the warm start follows the exact average (:meth:`refresh`)."""
-        if not payloads:
-            if self.params.warm_start:
-                self.refresh(ctx, g, "q")
-            return
-        p1 = payloads[0]
-        if "plain" in p1 or not self.uses_error(ctx):
-            x.zero_()
-        else:
-            x.sub_(g)
-        qt = self._step_q.pop(ctx.key, None)
-        if qt is not None:
-            self.record_energies(ctx, qt)        # G = Ph·Qᵀ with orthonormal Ph: ‖G‖² = Σ_k ‖q_k‖²
-        if qt is not None and self.params.warm_start:
-            n, m, r = self.dims(p1.plan)
-            self.factor(ctx, "q", m, self.width(n, m))
-            self.adopt(ctx, "q", qt, r)
-        self._step_ph.pop(ctx.key, None)

@@ -43,6 +43,7 @@ from .device_path import host_kernels
 from .base import (CompressCtx, Compressor, CompressorParams, Kind, Payload, Section, TensorPlan, mix_seed,
                    stable_hash)
 from .kinds import GainKind, LevelKind, Multilevel
+from .memory import ResidualMemory, SwitchedErrorFeedback
 from .qkernels import Workspace
 
 Tensor = torch.Tensor
@@ -63,6 +64,7 @@ class Quantizer(Compressor):
     kind = Kind.QUANTIZED
     server_reencode = True
     exchange = "casync_ps"        # ds_gravac.sync.exchange: all-to-all, owner merge and re-encode, all-gather
+    Memory = SwitchedErrorFeedback   # worker EF on the compressor's ``error_feedback`` switch
     multilevel = Multilevel.NONE
     level_kind = LevelKind.CF
     gain_kind = GainKind.NONE
@@ -146,7 +148,7 @@ class Quantizer(Compressor):
         x = x.detach().reshape(-1)
         self.encode(x, plan, out, ctx, server=False)
         if update_state:
-            self.commit(x, out, ctx)
+            self.memory.commit(x, out, ctx)
         return None
 
     def server_encode(self, y: Tensor, plan: TensorPlan, out: Payload, ctx: CompressCtx) -> None:
@@ -199,17 +201,13 @@ class Quantizer(Compressor):
         else:
             y.zero_()
 
-    def commit(self, x: Tensor, p: Payload, ctx: CompressCtx) -> None:
-        external_ef_commit(self, x, p, ctx, self.worker_error_feedback)
-
 
 class OwnMemoryQuantizer(Quantizer):
     """A quantizer with one memory slot that is also its input (TBQ's residual, EF-signSGD's update-space
-    error): ``compensate`` forms ``x = gain·g + m`` and ``commit`` turns x in place into ``x − D(p)``."""
+    error): its Memory forms ``x = gain·g + m`` and turns x in place into ``x − D(p)`` (:class:`ResidualMemory`)."""
 
     owns_state = True
-    memory_slots: ClassVar[tuple[str, ...]] = ("m",)
-    input_slot: ClassVar[Optional[str]] = "m"
+    Memory = ResidualMemory
 
     @property
     def worker_error_feedback(self) -> bool:
@@ -219,35 +217,8 @@ class OwnMemoryQuantizer(Quantizer):
         """Factor applied to the gradient before the memory is added (1; EF-signSGD: the learning rate)."""
         return 1.0
 
-    def compensate(self, g: Tensor, out: Tensor, ctx: CompressCtx) -> None:
-        mem = ctx.memory[self.input_slot]
-        gain = self.input_gain(ctx)
-        if gain == 1.0:
-            torch.add(mem, g.reshape(-1), out=out)
-        else:   # rounded product, then sum: ``m + γ·g`` as written, whatever fused kernels a backend has
-            torch.mul(g.reshape(-1), gain, out=out)
-            out.add_(mem)
-
-    def commit(self, x: Tensor, p: Payload, ctx: CompressCtx) -> None:
-        self.decompress(p, x.reshape(-1), accumulate=True, scale=-1.0, ctx=ctx)
-
 
 # ---- small shared helpers --------------------------------------------------------------------------------
-def external_ef_commit(comp: Compressor, x: Tensor, p: Payload, ctx: CompressCtx, enabled: bool) -> None:
-    """External EF: ``ctx.residual ← x − D(p)`` (the residual may alias ``x``). With the compressor's or the
-    section's error feedback off, a supplied residual is zeroed instead: that is the memory an EF-off
-    compressor keeps, and a memory that adopts the scratch must not keep the stale input."""
-    r = ctx.residual
-    if r is None:
-        return
-    if not (ctx.error_feedback and enabled):
-        r.zero_()
-        return
-    if r.data_ptr() != x.data_ptr():
-        r.copy_(x.reshape(-1))
-    comp.decompress(p, r, accumulate=True, scale=-1.0, ctx=ctx)
-
-
 def emit(out: Tensor, values: Tensor, accumulate: bool) -> None:
     """``out (+)= values`` — the fused decode-and-merge every ``decompress`` ends with."""
     if accumulate:
@@ -270,5 +241,5 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-__all__ = ["Quantizer", "OwnMemoryQuantizer", "external_ef_commit", "emit", "put_header", "theta_bits", "ceil_div",
+__all__ = ["Quantizer", "OwnMemoryQuantizer", "emit", "put_header", "theta_bits", "ceil_div",
            "STREAM_TERNGRAD", "STREAM_TERNARY", "STREAM_QSGD", "SERVER_STREAM", "FP32_MAX"]

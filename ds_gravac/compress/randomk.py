@@ -156,7 +156,7 @@ class RandomK(Compressor):
                           "error-feedback-off runs", stacklevel=2)
         m = self._encode(x, plan, out, ctx)
         if update_state:
-            self.commit(x.reshape(-1), out, ctx)
+            self.memory.commit(x.reshape(-1), out, ctx)
         return m
 
     def compress_from(self, p1: Payload, x: Tensor, plan2: TensorPlan, out: Payload,

@@ -99,7 +99,7 @@ class SparseCompressor(Compressor):
         idx, vals = self.select_entries(x, plan, ctx)
         m = sel.write_entries(out["idx"], out["val"], idx, sel.gather(x, idx) if vals is None else vals)
         if update_state:
-            self.commit(x, out, ctx)
+            self.memory.commit(x, out, ctx)
         return torch.tensor(m)
 
     # ---- multi-level --------------------------------------------------------------------------

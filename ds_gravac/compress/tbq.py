@@ -17,10 +17,18 @@ from pydantic import Field
 from . import bitpack
 from .base import CompressCtx, CompressorParams, Payload, Section, TensorPlan
 from .kinds import GainKind
+from .memory import ResidualMemory
 from .qkernels import chunk_size, encode_blocks
 from .quantize import OwnMemoryQuantizer
 
 Tensor = torch.Tensor
+
+
+class TBQMemory(ResidualMemory):
+    """TBQ's per-rank residual is its memory and its input (slot ``"r"`` in checkpoints)."""
+
+    slots = ("r",)
+    input_slot = "r"
 
 
 class TBQParams(CompressorParams):
@@ -34,8 +42,7 @@ class TBQ(OwnMemoryQuantizer):
     Params = TBQParams
     gain_kind = GainKind.PROJECTION
     GRID = (16.0,)
-    memory_slots = ("r",)
-    input_slot = "r"
+    Memory = TBQMemory
 
     def sections(self, numel: int, theta: float) -> tuple[Section, ...]:
         return (Section("codes", torch.int32, bitpack.packed_words(numel, 2)),)

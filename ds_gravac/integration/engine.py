@@ -127,7 +127,8 @@ class GravacHandle:
                                     f"itself, so every tensor must be compressed; set min_compress_numel to 0 "
                                     f"(dense: {', '.join(dense[:5])}{'...' if len(dense) > 5 else ''})")
         opt = getattr(self.engine, "basic_optimizer", None) or self.engine.optimizer
-        moved = ("momentum", "weight_decay") if self.compressor.applies_weight_decay else ("momentum",)   # else the optimizer keeps its decay
+        # without the compressor's weight decay the optimizer keeps applying its own
+        moved = ("momentum", "weight_decay") if self.compressor.applies_weight_decay else ("momentum",)
         for group in opt.param_groups:
             for key in moved:
                 if key in group:

@@ -219,7 +219,7 @@ class BucketCodec:
         """Turn each staged input (of ``span``'s members) in place into the memory it leaves after sending ``lay``
         (``compressor.commit``: ``x − D(p)``, or the compressor's own rule). Only the step's scratch changes."""
         for i in range(*(span or (0, len(self.ctxs)))):
-            self.comp.commit(xs[i], lay.payloads[i], self.ctxs[i])
+            self.comp.memory.commit(xs[i], lay.payloads[i], self.ctxs[i])
 
     # ---- rounds and decode ----------------------------------------------------------------------------------
     def next_round(self, lay: SendLayout) -> None:
@@ -238,11 +238,11 @@ class BucketCodec:
         (``lay`` None: the bucket went dense and ``out`` is the exact average)."""
         if lay is None:
             for i, ctx in enumerate(self.ctxs):
-                self.comp.commit_aggregate(ctx.residual, self.seg(out, i), [], ctx)
+                self.comp.memory.commit_aggregate(ctx.residual, self.seg(out, i), [], ctx)
             return
         second = lay.round2_payloads or [None] * len(lay.payloads)
         for i, (p1, p2, ctx) in enumerate(zip(lay.payloads, second, self.ctxs)):
-            self.comp.commit_aggregate(ctx.residual, self.seg(out, i), [p1] if p2 is None else [p1, p2], ctx)
+            self.comp.memory.commit_aggregate(ctx.residual, self.seg(out, i), [p1] if p2 is None else [p1, p2], ctx)
 
     def _out(self, lay: SendLayout, out: torch.Tensor, i: int) -> tuple[torch.Tensor, CompressCtx]:
         """Member ``i`` of ``lay`` (a chunk's layout counts from its first member): its segment of ``out``, which

@@ -1,15 +1,17 @@
 """Error-feedback memory: every piece of state a compressed step leaves behind, owned in one place.
 
 Per compressible bucket there is one flat fp32 buffer per *slot* — the generic residual ``r`` (``"residual"``)
-or a compressor's own memory (``memory_slots``, e.g. DGC's momentum ``"u"`` and velocity ``"v"``) — plus one
-*scratch* buffer. A step is a transaction:
+or the slots of a compressor's own memory rule (``compressor.Memory.slots``, e.g. DGC's momentum ``"u"`` and
+velocity ``"v"``; ``ds_gravac.compress.memory``) — plus one *scratch* buffer. The buffers and the transaction
+live here; what they mean is the rule's. A step is a transaction:
 
-* :meth:`BucketMemory.stage` writes the step's compressor input ``x`` (``g + r``, ``g``, or ``compensate(g)``)
+* :meth:`BucketMemory.stage` writes the step's compressor input ``x`` (``g + r``, ``g``, or the rule's
+  ``compensate(g)``)
   into the scratch; the slots are only read.
-* The codec encodes ``x`` and, through ``compressor.commit``, turns the scratch in place into the memory the
+* The codec encodes ``x`` and, through ``compressor.memory.commit``, turns the scratch in place into the memory the
   tensor would keep (``x − D(p)``; DGC: the velocity with the sent entries cleared). Still only scratch.
 * After the ranks agreed that every gradient of the step was finite, :meth:`BucketMemory.commit_compressed`
-  swaps the scratch with the ``input_slot`` and lets the compressor update its other slots, or
+  swaps the scratch with the ``input_slot`` and lets the rule update its other slots, or
   :meth:`BucketMemory.commit_dense` clears what a dense send transmitted. The old slot buffer becomes the new
   scratch, which is where the step's decoded gradient is written (so ``p.grad`` of an fp32 contiguous parameter
   is a view of it until the next boundary backward).
@@ -27,6 +29,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from ..compress.base import CompressCtx, Compressor, Payload
+from ..compress.memory import CompressorMemory
 from .buckets import Bucket, Member
 from ..compress.local_clipping import clip_factor, grad_norm
 
@@ -45,11 +48,11 @@ def same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
-def overrides(compressor: Compressor, method: str) -> bool:
-    """Whether ``compressor`` replaces the base class's ``method``. The base ``commit_memory`` and ``dense_sent``
-    never read the gradient they are given, so the gradient is only formed for compressors that replace them (an
+def overrides(rule: CompressorMemory, method: str) -> bool:
+    """Whether a memory rule replaces the base rule's ``method``. The base ``commit_memory`` and ``dense_sent``
+    never read the gradient they are given, so the gradient is only formed for rules that replace them (an
     fp16/bf16 gradient, or one under a loss scale, costs a full fp32 copy per tensor)."""
-    return getattr(type(compressor), method) is not getattr(Compressor, method)
+    return getattr(type(rule), method) is not getattr(CompressorMemory, method)
 
 
 class BucketMemory:
@@ -108,7 +111,7 @@ class BucketMemory:
             alpha = inv_scale * clip_factor(norm, clip) if clips_here else inv_scale
             if compressor.owns_state:
                 ctxs[i].memory = self.member_memory(i)
-                compressor.compensate(self.grad(m), x, ctxs[i])
+                compressor.memory.compensate(self.grad(m), x, ctxs[i])
             elif error_feedback and RESIDUAL in self.slots:
                 r = self.views(self.slots[RESIDUAL])[i]
                 torch.add(r.view(g.shape), g.detach(), alpha=alpha, out=x.view(g.shape))   # any layout, one pass
@@ -123,27 +126,29 @@ class BucketMemory:
     def commit_compressed(self, compressor: Compressor, payloads: Optional[Sequence[Payload]],
                           ctxs: Sequence[CompressCtx]) -> None:
         """The step was agreed finite and sent compressed: the scratch (already turned into the memory left
-        behind by ``compressor.commit``) becomes the ``input_slot``; the other slots follow the compressor.
+        behind by the rule's ``commit``) becomes the ``input_slot``; the other slots follow the rule.
         ``payloads`` None: the payloads belong to bucket partitions, not members (quantizers, whose only memory
         is the input slot), so there is no per-member ``commit_memory``."""
         if self.input_slot is None:
             return
         self.slots[self.input_slot], self.scratch = self.scratch, self.slots[self.input_slot]
-        if compressor.owns_state and payloads is not None and overrides(compressor, "commit_memory"):
+        rule = compressor.memory
+        if compressor.owns_state and payloads is not None and overrides(rule, "commit_memory"):
             for i, m in enumerate(self.members):
                 ctxs[i].memory = self.member_memory(i)
-                compressor.commit_memory(self.grad(m), payloads[i], ctxs[i])
+                rule.commit_memory(self.grad(m), payloads[i], ctxs[i])
 
     def commit_dense(self, compressor: Compressor, ctxs: Sequence[CompressCtx]) -> None:
         """The step was agreed finite and this bucket's compensated input went out dense."""
         if compressor.owns_state:
-            reads_gradient = overrides(compressor, "dense_sent")
+            rule = compressor.memory
+            reads_gradient = overrides(rule, "dense_sent")
             for i, m in enumerate(self.members):
                 ctxs[i].memory = self.member_memory(i)
                 if reads_gradient:
-                    compressor.dense_sent(self.grad(m), ctxs[i])
+                    rule.dense_sent(self.grad(m), ctxs[i])
                 else:                                   # the base rule: a dense send transmitted everything
-                    compressor.reset(ctxs[i])
+                    rule.reset(ctxs[i])
         elif RESIDUAL in self.slots:
             self.slots[RESIDUAL].zero_()
 
@@ -177,8 +182,8 @@ class ErrorFeedbackMemory:
         self.compressor = compressor
         self.error_feedback = error_feedback
         if compressor.owns_state:
-            self.slot_names: tuple[str, ...] = tuple(compressor.memory_slots)
-            self.input_slot: Optional[str] = compressor.input_slot
+            self.slot_names: tuple[str, ...] = tuple(compressor.Memory.slots)
+            self.input_slot: Optional[str] = compressor.Memory.input_slot
         elif error_feedback:
             self.slot_names, self.input_slot = (RESIDUAL,), RESIDUAL
         else:

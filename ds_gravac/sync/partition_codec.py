@@ -162,7 +162,7 @@ class PartitionCodec:
         for j, (p, ctx) in enumerate(zip(lay.payloads, self.part_ctxs)):
             part = self._part(flat, j)
             ctx.residual = part
-            self.comp.commit(part, p, ctx)
+            self.comp.memory.commit(part, p, ctx)
             ctx.residual = None
             self._put(flat, j, part)
 

@@ -161,7 +161,7 @@ def test_lowrank_unsent_from_the_real_powersgd_energies_equals_the_decoded_aggre
         p2s[w].words.copy_(reduced_q)
         out = torch.zeros(n * m)
         comps[w].decompress_rounds(p1s[w], p2s[w], out, 1.0 / ranks, ctxs[w])
-        comps[w].commit_aggregate(xs[w].clone(), out, [p1s[w], p2s[w]], ctxs[w])
+        comps[w].memory.commit_aggregate(xs[w].clone(), out, [p1s[w], p2s[w]], ctxs[w])
         outs.append(out)
     energies = comps[0].component_energies(ctxs[0])
     assert torch.equal(energies, comps[1].component_energies(ctxs[1]))        # every rank holds the same

@@ -115,7 +115,7 @@ def test_commits_form_the_fp32_gradient_only_for_compressors_that_read_it(compre
         p = torch.nn.Parameter(torch.zeros(64, 32, dtype=torch.bfloat16))
         p.grad = torch.randn(64, 32, generator=torch.Generator().manual_seed(i)).to(torch.bfloat16)
         bucket.add(Member(index=i, name=f"t{i}", param=p, compressible=True))
-    mem = BucketMemory(bucket, comp.memory_slots, comp.input_slot)
+    mem = BucketMemory(bucket, comp.Memory.slots, comp.Memory.input_slot)
     ctxs = [CompressCtx(key=m.name, shape=tuple(m.param.shape), param=m.param) for m in bucket.members]
     mem.stage(comp, ctxs, True)
     formed: list[str] = []

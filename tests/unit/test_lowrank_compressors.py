@@ -118,7 +118,7 @@ def test_acp_error_is_the_input_minus_the_local_approximation() -> None:
     p = Payload.allocate(plan, torch.float32)
     comp.compress(x, plan, p, ctx, update_state=False)
     e = x.clone()
-    comp.commit(e, p, ctx)
+    comp.memory.commit(e, p, ctx)
     qh = orthogonalize(seeded_factor(0, "w:q", 30, 3, dtype=torch.float64))
     assert torch.allclose(e.double().view(40, 30) @ qh, torch.zeros(40, 3, dtype=torch.float64), atol=1e-5)
     assert float(x.double().square().sum()) == pytest.approx(

@@ -159,7 +159,7 @@ def test_scratch_is_bounded_by_the_block_not_the_partition(name: str) -> None:
         x = torch.randn(n)
         plan = comp.plan(n, comp.cf_grid()[0])
         p = Payload.allocate(plan)
-        ctx = CompressCtx(key="k", residual=x.clone(), memory={s: torch.zeros(n) for s in comp.memory_slots})
+        ctx = CompressCtx(key="k", residual=x.clone(), memory={s: torch.zeros(n) for s in comp.Memory.slots})
         comp.compress(x, plan, p, ctx, update_state=True)
         y = torch.empty(n)
         comp.merge_decode([p, p], y, ctx)

@@ -55,7 +55,7 @@ def ctx_for(comp, n: int, step: int = 1, rank: int = 0, world_size: int = 1, lr:
             residual: Optional[torch.Tensor] = None, dtype: torch.dtype = torch.float32) -> CompressCtx:
     ctx = CompressCtx(key=key, step=step, rank=rank, world_size=world_size, seed=1234, lr=lr, residual=residual)
     if comp.owns_state:
-        ctx.memory = {comp.input_slot: torch.zeros(n, dtype=dtype)}
+        ctx.memory = {comp.Memory.input_slot: torch.zeros(n, dtype=dtype)}
     return ctx
 
 
@@ -656,7 +656,7 @@ def test_tbq_residual_law_and_code_conditions() -> None:
         ctx = ctx_for(comp, n, step=t)
         ctx.memory = {"r": mem}
         x = torch.empty(n)
-        comp.compensate(g, x, ctx)
+        comp.memory.compensate(g, x, ctx)
         pre = mem + g
         assert torch.equal(x, pre) and torch.equal(mem, ctx.memory["r"]), "compensate reads, never writes"
         p = alloc(comp, n, 16)
@@ -671,7 +671,7 @@ def test_tbq_residual_law_and_code_conditions() -> None:
         assert float(comp.sent_sq_norm(p)) <= float(pre.double().square().sum())
         mem = x.clone()
     ctx.memory = {"r": mem}
-    comp.dense_sent(torch.zeros(n), ctx)
+    comp.memory.dense_sent(torch.zeros(n), ctx)
     assert not mem.any()
 
 
@@ -685,12 +685,12 @@ def test_efsignsgd_update_space_memory() -> None:
     ctx = ctx_for(comp, n, lr=lr)
     ctx.memory = {"e": e}
     x = torch.empty(n)
-    comp.compensate(g, x, ctx)
+    comp.memory.compensate(g, x, ctx)
     assert torch.equal(x, e0 + lr * g) and torch.equal(e, e0)
     p = alloc(comp, n, 32)
     comp.compress(x.clone(), p.plan, p, ctx, update_state=False)
     assert torch.equal(e, e0)
-    comp.commit(x, p, ctx)
+    comp.memory.commit(x, p, ctx)
     assert torch.equal(x, (e0 + lr * g) - decode(comp, p, ctx)), "e ← p − Δ"
     assert float(p["scale"][0]) == pytest.approx(float((e0 + lr * g).double().abs().mean()), rel=1e-6)
 
@@ -729,11 +729,11 @@ def test_external_ef_commit_now_or_later(variant) -> None:
     p2 = alloc(comp, 777, theta)
     comp.compress(x2, p2.plan, p2, ctx2, update_state=False)
     assert torch.equal(x2, x) and (r2 == 9.0).all(), "update_state=False mutates nothing"
-    comp.commit(x2, p2, ctx2)
+    comp.memory.commit(x2, p2, ctx2)
     assert torch.equal(p1.words, p2.words) and torch.equal(r1, r2) and torch.equal(x2, x)
     assert torch.allclose(r1 + decode(comp, p1, ctx1), x, rtol=1e-6, atol=1e-6)
     ctx2.error_feedback = False                                       # section-level switch off
-    comp.commit(x2, p2, ctx2)
+    comp.memory.commit(x2, p2, ctx2)
     assert not r2.any()
 
 
@@ -761,8 +761,8 @@ def ps_run(comp, ranks: int, n: int, steps: int, theta: float, lr: float = 1.0, 
                 ctx = CompressCtx(key=f"b0.p{j}", step=t, rank=w, world_size=ranks, seed=5, lr=lr)
                 x = torch.empty(part, dtype=dtype)
                 if comp.owns_state:
-                    ctx.memory = {comp.input_slot: mem[w][seg]}
-                    comp.compensate(g[seg], x, ctx)
+                    ctx.memory = {comp.Memory.input_slot: mem[w][seg]}
+                    comp.memory.compensate(g[seg], x, ctx)
                 else:
                     torch.add(g[seg], mem[w][seg], out=x)
                     ctx.residual = x

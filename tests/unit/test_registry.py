@@ -8,8 +8,8 @@ import torch
 from pydantic import BaseModel
 
 from ds_gravac.compress import registry
-from ds_gravac.compress.base import (CompressCtx, Compressor, CompressorParams, GainKind, LevelKind, Multilevel, Payload,
-                                     Section, TensorPlan)
+from ds_gravac.compress.base import (CompressCtx, Compressor, CompressorParams, GainKind, LevelKind, Multilevel,
+                                     Payload, Section, TensorPlan)
 from ds_gravac.compress.registry import lookup, register_compressor, registered_names
 from ds_gravac.errors import GravacConfigError
 

@@ -56,7 +56,7 @@ def tensor_memory(comp, n: int, key: str = "layer.weight", dtype: torch.dtype = 
     param = torch.nn.Parameter(torch.zeros(n, dtype=dtype))
     bucket = Bucket(index=0, compressible=True, dtype=dtype)
     bucket.add(Member(index=0, name=key, param=param, compressible=True))
-    return BucketMemory(bucket, comp.memory_slots, comp.input_slot, dtype=dtype), param
+    return BucketMemory(bucket, comp.Memory.slots, comp.Memory.input_slot, dtype=dtype), param
 
 
 _MEMORIES: dict = {}
@@ -79,7 +79,7 @@ def encode(comp, x: torch.Tensor, level: float, ctx: CompressCtx, update_state: 
         xs = mem.stage(comp, [ctx], True)
         m = comp.compress(xs[0], p.plan, p, ctx, False)
         if update_state:
-            comp.commit(xs[0], p, ctx)
+            comp.memory.commit(xs[0], p, ctx)
             mem.commit_compressed(comp, [p], [ctx])
         return p, int(m)
     m = comp.compress(x, p.plan, p, ctx, update_state)
@@ -161,7 +161,7 @@ def test_commit_later_equals_update_in_compress(name: str) -> None:
     p1, _ = encode(comp, r1, 10, ctx_for(residual=r1), update_state=True)
     p2, _ = encode(comp, r2, 10, ctx_for(residual=r2), update_state=False)
     assert torch.equal(r2, x)   # update_state=False mutates nothing
-    comp.commit(r2, p2, ctx_for(residual=r2))
+    comp.memory.commit(r2, p2, ctx_for(residual=r2))
     assert torch.equal(p1.words, p2.words) and torch.equal(r1, r2)
 
 
@@ -352,7 +352,7 @@ def test_dgc_commit_masks_exactly_the_real_selected_indices() -> None:
     p = alloc(comp, g.numel(), 100)
     comp.compress(v.clone(), p.plan, p, ctx, update_state=False)
     assert torch.equal(v, v_before) and not mem.slots["v"].any()   # update_state=False: nothing changed yet
-    comp.commit(v, p, ctx)
+    comp.memory.commit(v, p, ctx)
     mem.commit_compressed(comp, [p], [ctx])
     m = sel.real_count(p["idx"], p["val"])
     idx = p["idx"][:m].long()
@@ -372,7 +372,7 @@ def test_dgc_padding_never_masks_index_zero() -> None:
     p = alloc(comp, 100, 25)                                   # k = 4
     p["idx"].copy_(torch.tensor([5, 9, 0, 0], dtype=torch.int32))
     p["val"].copy_(torch.tensor([6.0, 10.0, 0.0, 0.0]))
-    comp.commit(v, p, ctx)
+    comp.memory.commit(v, p, ctx)
     mem.commit_compressed(comp, [p], [ctx])
     assert mem.slots["v"][0] == 1.0 and mem.slots["u"][0] == 1.0
     assert mem.slots["v"][5] == 0 and mem.slots["v"][9] == 0

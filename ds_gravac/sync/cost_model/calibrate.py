@@ -105,7 +105,7 @@ def codec_samples(compressor: Compressor, level: float, sizes: Sequence[int], re
         plan = comp.plan(n, level)
         payload = Payload.allocate(plan, word_dtype)
         ctx = CompressCtx(key=f"cost-model/{n}", rank=rank, world_size=world_size, seed=seed, shape=(n,),
-                          memory={slot: torch.zeros(n) for slot in comp.memory_slots})
+                          memory={slot: torch.zeros(n) for slot in comp.Memory.slots})
         torch.add(g, r, out=x)
         out[STAGE].append((1.0, float(n), median_time(lambda: torch.add(g, r, out=x), repeats)))
         out[WRITEBACK].append((1.0, float(n), median_time(lambda: dst.copy_(x), repeats)))
