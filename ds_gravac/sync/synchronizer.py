@@ -379,6 +379,10 @@ class Synchronizer:
         if names is None:
             self.server.reset()
 
+    def install(self) -> None:
+        """Start hooking the engine's backward (attach's install stage; :meth:`close` undoes it)."""
+        self.hooks.install()
+
     def close(self) -> None:
         self.hooks.remove()
         self.stats.close()
