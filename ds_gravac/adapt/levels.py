@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, Sequence
 
+from ..compress.base import Compressor
+from ..config import AccordionConfig, GravacConfig
 from ..compress.lowrank import uniform_levels
 from ..errors import GravacConfigError
 
@@ -33,7 +35,7 @@ def _cfs(levels: Sequence[float]) -> str:
     return ", ".join(f"{v:g}" for v in levels)
 
 
-def gravac_range(config: Any, name: str, level_kind: str, gain_kind: str, grid: Optional[Sequence[float]],
+def gravac_range(config: GravacConfig, name: str, level_kind: str, gain_kind: str, grid: Optional[Sequence[float]],
                  realize: Realize, static_only: bool = False) -> tuple[float, float]:
     """``(θ_min0, θ_max)`` GraVAC searches with this compressor; a :class:`GravacConfigError` when it cannot
     drive it (levels are ranks, no meaningful gain, a single CF, or a level that does not steer the payload)."""
@@ -70,7 +72,7 @@ def gravac_range(config: Any, name: str, level_kind: str, gain_kind: str, grid: 
     return lo, hi
 
 
-def accordion_levels(acc: Any, name: str, level_kind: str, grid: Optional[Sequence[float]],
+def accordion_levels(acc: AccordionConfig, name: str, level_kind: str, grid: Optional[Sequence[float]],
                      realize: Realize) -> tuple[float, float]:
     """Accordion's ``(low, high)`` compression levels (CFs or ranks) for this compressor, validated."""
     kind = "rank" if level_kind == "rank" else "cf"
@@ -102,7 +104,7 @@ def accordion_levels(acc: Any, name: str, level_kind: str, grid: Optional[Sequen
     return float(realize(low)), float(realize(high))
 
 
-def uniform_bound(config: Any) -> float:
+def uniform_bound(config: GravacConfig) -> float:
     """θ_min of GraVAC over the uniform rank ladder: the configured one snapped up to a rung, else the first rung
     (rank 64). It fixes the widest factors (the largest rank the run can ask for)."""
     levels = uniform_levels()
@@ -120,7 +122,7 @@ def classifier_shapes(named_params: Sequence[tuple[str, Any]], accepts: Callable
     return shapes[-1:]
 
 
-def check_rank_ladder(config: Any, compressor: Any) -> None:
+def check_rank_ladder(config: GravacConfig, compressor: Compressor) -> None:
     """``rank_ladder: "uniform"`` only means something for GraVAC over a low-rank compressor."""
     if config.gravac.rank_ladder == "cf" or getattr(compressor, "ladder", None) == "uniform":
         return
@@ -131,7 +133,7 @@ def check_rank_ladder(config: Any, compressor: Any) -> None:
                             f"'uniform'")
 
 
-def check_auto(config: Any, name: str) -> None:
+def check_auto(config: GravacConfig, name: str) -> None:
     """``mode: "auto"`` drives PowerSGD's rank per layer group: other compressors, and a fixed ``rank`` it would
     ignore, are refused."""
     if name not in AUTO_COMPRESSORS:
@@ -144,7 +146,7 @@ def check_auto(config: Any, name: str) -> None:
                                 f"layer group; remove the key")
 
 
-def check_mode(config: Any, compressor: Any) -> None:
+def check_mode(config: GravacConfig, compressor: Compressor) -> None:
     """Attach-time check that ``config.mode`` can drive ``compressor`` with the configured levels."""
     check_rank_ladder(config, compressor)
     name = config.compressor.type
