@@ -8,7 +8,7 @@ from typing import Any, Iterator, Mapping, Optional, Union
 
 import torch
 
-from ..adapt import Controller, ControllerContext, build_controller
+from ..adapt import Controller, build_controller
 from ..adapt.auto.timing import measure_link
 from ..adapt.levels import classifier_shapes
 from ..compress.base import Compressor
@@ -25,7 +25,7 @@ from .. import version
 from .agreement import agree_config, agree_ok, agree_parameters
 from .checkpoint import load_checkpoint, route_engine_checkpoints, save_checkpoint, unroute_engine_checkpoints
 from . import teardown
-from .build import build_compressor, reject_unimplemented, static_default_level
+from .build import build_compressor, check_optimizer_takeover, controller_context, reject_unimplemented
 from .shm_buffer import release_shm_buffer
 from .validation import validate_engine
 from .zero import ZeroBridge, zero_stage
@@ -70,9 +70,7 @@ class GravacHandle:
                                         "ds_gravac version": _version(), "world size": world}, None)
         agree_parameters(eng.module.named_parameters())
         release_shm_buffer(rank)    # every rank has mapped the peers' buffers by now (shm_buffer.py)
-        _check_compressible(cfg, comp, eng)
-        if getattr(comp, "ladder", "cf") == "uniform":     # before any plan: the classifier's factor width
-            comp.pin(classifier_shapes(_trainable(eng), comp.accepts, cfg.min_compress_numel))
+        ready_compressor(cfg, comp, _trainable(eng))
         sink_problem = self._open_sink(rank)
         agree_ok(sink_problem, None)
         self.compressor = comp
@@ -92,13 +90,8 @@ class GravacHandle:
                 return measure_link(cm.probe_bytes, cm.probe_repeats, self.channels)
             link = remeasure()
         self._take_engine_settings()
-        self.controller.bind(ControllerContext(
-            world_size=world, samples_per_step=int(eng.train_micro_batch_size_per_gpu()
-                                                   * eng.gradient_accumulation_steps()),
-            realize_cf=comp.realize_cf, cf_grid=comp.cf_grid(), multilevel=comp.multilevel,
-            gain_kind=comp.gain_kind, level_kind=comp.level_kind, compressible=compressible, rank=rank,
-            default_level=static_default_level(cfg, comp),
-            cost_fits=lambda: _agreed_fits(self.sync, link), measure_link=remeasure))
+        self.controller.bind(controller_context(cfg, comp, eng, world, rank, compressible,
+                                                lambda: _agreed_fits(self.sync, link), remeasure))
         eng.enable_backward_allreduce = False
         self.active = True
         route_engine_checkpoints(self)
@@ -121,11 +114,9 @@ class GravacHandle:
 
     def _move_optimizer_into_compressor(self, log: bool = True) -> None:
         """DGC applies momentum and weight decay itself: every tensor compressed, the optimizer runs plain SGD."""
-        dense = [m.name for m in self.sync.members if not m.compressible]
-        if dense:
-            raise GravacConfigError(f"ds_gravac: compressor '{self.config.compressor.type}' applies momentum "
-                                    f"itself, so every tensor must be compressed; set min_compress_numel to 0 "
-                                    f"(dense: {', '.join(dense[:5])}{'...' if len(dense) > 5 else ''})")
+        check_optimizer_takeover(self.config, self.compressor,
+                                 [m.name for m in self.sync.members if not m.compressible],
+                                 float(self.engine.gradient_clipping() or 0.0))
         opt = getattr(self.engine, "basic_optimizer", None) or self.engine.optimizer
         local_wd = bool(getattr(getattr(self.compressor, "params", None), "local_weight_decay", True))
         moved = ("momentum", "weight_decay") if local_wd else ("momentum",)   # else the optimizer keeps its decay
@@ -203,11 +194,7 @@ class GravacHandle:
         clip = float(self.engine.gradient_clipping() or 0.0)
         if clip <= 0.0:
             return
-        params = getattr(self.compressor, "params", None)
-        if params is None or not hasattr(params, "clip_norm"):
-            raise GravacConfigError(f"ds_gravac: compressor '{self.config.compressor.type}' applies momentum "
-                                    f"itself and has no clip_norm to take over gradient_clipping ({clip:g}); "
-                                    f"set gradient_clipping to 0")
+        params = self.compressor.params      # it has a clip_norm: check_optimizer_takeover refused the others
         if params.clip_norm == 0.0:
             self.compressor.params = params.model_copy(update={"clip_norm": clip})
         self._switch_off_engine_clipping()
@@ -297,6 +284,7 @@ class GravacHandle:
 
 
 def _trainable(engine: Any) -> list[tuple[str, torch.Tensor]]:
+    """The parameters the synchronizer plans with (trainable, non-empty), in registration order."""
     return [(n, p) for n, p in engine.module.named_parameters() if p.requires_grad and p.numel() > 0]
 
 
@@ -306,12 +294,11 @@ def _agreed_fits(sync: Synchronizer, link: Any) -> Any:
     return fits if fits is not None else link
 
 
-def _check_compressible(cfg: GravacConfig, comp: Compressor, engine: Any) -> None:
+def check_compressible(cfg: GravacConfig, comp: Compressor, named: list[tuple[str, torch.Tensor]]) -> None:
     """Accordion and auto switch levels per compressed tensor: with nothing compressible they have nothing to
-    decide."""
+    decide (``named``: the engine's trainable parameters)."""
     if cfg.mode not in ("accordion", "auto"):
         return
-    named = _trainable(engine)
     if not any(m.compressible for m in classify(named, comp.accepts, cfg.min_compress_numel,
                                                 comp.name != "none")):
         largest = max((p.numel() for _, p in named), default=0)
@@ -319,6 +306,14 @@ def _check_compressible(cfg: GravacConfig, comp: Compressor, engine: Any) -> Non
                                 f"compressor '{cfg.compressor.type}' and min_compress_numel "
                                 f"{cfg.min_compress_numel} (largest tensor: {largest} elements) none is "
                                 f"compressed; lower min_compress_numel or use mode 'dense'")
+
+
+def ready_compressor(cfg: GravacConfig, comp: Compressor, named: list[tuple[str, torch.Tensor]]) -> None:
+    """Before any plan: refuse a mode with nothing to decide, and pin the uniform rank ladder's classifier
+    width (attach, and ``python -m ds_gravac.plan``)."""
+    check_compressible(cfg, comp, named)
+    if getattr(comp, "ladder", "cf") == "uniform":
+        comp.pin(classifier_shapes(named, comp.accepts, cfg.min_compress_numel))
 
 
 def _resolve_section(engine: Any, config: Union[Mapping[str, Any], GravacConfig, None]) -> Mapping[str, Any]:
