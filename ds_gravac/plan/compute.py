@@ -214,6 +214,12 @@ def plan_engine(engine: Any, world_size: int, rate_bit_s: float, alpha_s: float)
     if not ok:
         return plan
     decision = first_decision(cfg, controller, plan)
+    if not decision.dense:
+        sent = comp.realize_cf(decision.send_level)
+        ramp = planner.level(decision.send_level, decision.step)
+        if ramp != sent:
+            plan.notes.append(f"'{comp.name}' ramps its level up during its own warm-up: step {decision.step} "
+                              f"sends {level_text(comp, ramp)}, later steps {level_text(comp, sent)}")
     step_plan = planner.step_plan(decision.step, decision)
     own = exchange_name(comp, cfg.quantized_exchange, world_size)
     for bucket in planner.plan.buckets:

@@ -16,6 +16,8 @@ from typing import Any, Iterator
 
 from torch import nn
 
+from ..integration.shm_buffer import release_shm_buffer
+
 RATE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmgt]?)(?:bit|b)?(?:/s|ps)?\s*$", re.IGNORECASE)
 PREFIX = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 
@@ -112,6 +114,7 @@ def build_engine(config: dict[str, Any], model: nn.Module, world_size: int) -> A
             os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_SIZE": "1",
                                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())})
             deepspeed.init_distributed(dist_backend="gloo", verbose=False)
+            release_shm_buffer(0)       # one rank: it has mapped every buffer of the group (shm_buffer.py)
         try:
             engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                               config=for_one_rank(config, world_size))

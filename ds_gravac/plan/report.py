@@ -8,6 +8,11 @@ from .compute import Plan
 
 COLUMNS = ("bucket", "tensors", "numel", "family", "level", "exchange", "bytes sent", "dense bytes", "ratio")
 
+LEGEND = {"dense": "tensors below min_compress_numel, or that the compressor does not take (or mode dense)",
+          "dense (fallback)": "at this level the compressed exchange would not pay (sparse_fallback: at least "
+                              "dense's bytes; cost_model: no predicted gain)",
+          "dense (controller)": "the controller sends this step dense"}
+
 
 def rate_text(rate_bit_s: float) -> str:
     for unit, size in (("Tbit/s", 1e12), ("Gbit/s", 1e9), ("Mbit/s", 1e6), ("kbit/s", 1e3)):
@@ -44,6 +49,8 @@ def as_text(plan: Plan, title: str) -> str:
         rows.append(("total", str(sum(r.tensors for r in plan.rows)), f"{sum(r.numel for r in plan.rows):,}", "",
                      "", "", f"{plan.bytes_sent:,.0f}", f"{plan.dense_bytes:,.0f}", f"{plan.ratio:.3f}"))
         lines += _table(rows)
+        families = {r.family for r in plan.rows}
+        lines += [f"  {name}: {why}" for name, why in LEGEND.items() if name in families]
         fewer = f"{1.0 / plan.ratio:.2f}x fewer bytes" if plan.ratio > 0 else "nothing sent"
         lines.append(f"compression ratio: {plan.ratio:.3f} of dense's bytes ({fewer})")
         dense_s = sum(r.predicted_dense_s for r in plan.rows)
@@ -56,7 +63,7 @@ def as_text(plan: Plan, title: str) -> str:
     lines.append("")
     if plan.refusals:
         lines.append(f"refused at attach ({len(plan.refusals)}):")
-        lines += [f"  {msg}" for msg in plan.refusals]
+        lines += ["  " + msg.replace("\n", "\n    ") for msg in plan.refusals]
     else:
         lines.append("refusals: none")
     return "\n".join(lines)
