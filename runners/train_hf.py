@@ -44,8 +44,8 @@ class BlockDataset(torch.utils.data.Dataset):
 
 
 def tiny_model(vocab_size: int = 197, block: int = 32) -> Any:
-    """The 2-layer GPT-2-style model the Trainer trains (the defaults: the vocabulary of the synthetic text at seed 0), e.g. for
-    ``python -m ds_gravac.plan ds_configs/hf.json --model runners.train_hf:tiny_model``."""
+    """The 2-layer GPT-2-style model the Trainer trains (the default vocabulary: the synthetic text's at seed 0),
+    e.g. for ``python -m ds_gravac.plan ds_configs/hf.json --model runners.train_hf:tiny_model``."""
     from transformers import GPT2Config, GPT2LMHeadModel
     return GPT2LMHeadModel(GPT2Config(vocab_size=vocab_size, n_positions=block, n_embd=32, n_layer=2, n_head=2,
                                       resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))

@@ -5,7 +5,6 @@ Bad input raises :class:`PlanInputError` with a one-line message."""
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import math
 import os
@@ -16,6 +15,7 @@ from typing import Any, Iterator
 
 from torch import nn
 
+from ..compress.registry import import_target
 from ..integration.shm_buffer import release_shm_buffer
 
 RATE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmgt]?)(?:bit|b)?(?:/s|ps)?\s*$", re.IGNORECASE)
@@ -53,9 +53,8 @@ def load_model(spec: str) -> nn.Module:
     """A torchvision model name (built with ``weights=None``) or ``module:callable`` (a zero-argument callable
     returning an ``nn.Module``)."""
     if ":" in spec:
-        module_name, _, attr = spec.partition(":")
         try:
-            factory = getattr(importlib.import_module(module_name), attr)
+            factory = import_target(spec)
         except (ImportError, AttributeError) as exc:
             raise PlanInputError(f"--model {spec!r}: cannot import it ({type(exc).__name__}: {exc})") from None
         try:

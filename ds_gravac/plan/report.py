@@ -38,8 +38,8 @@ def as_text(plan: Plan, title: str) -> str:
         lines.append(plan.start)
     lines += [f"note: {n}" for n in plan.notes]
     if plan.rows:
-        lines.append(f"buckets as attach plans them (reverse registration order; after step 0 they follow the "
-                     f"observed backward order), at step {plan.step}, bytes one rank sends per step:")
+        lines.append(f"buckets at step {plan.step} as attach plans them (reverse registration order; step 0 "
+                     f"re-plans them in backward order); bytes one rank sends:")
         lines.append("")
         rows = [COLUMNS]
         for r in plan.rows:
@@ -56,8 +56,8 @@ def as_text(plan: Plan, title: str) -> str:
         dense_s = sum(r.predicted_dense_s for r in plan.rows)
         plan_s = sum(r.predicted_s for r in plan.rows)
         lines.append("")
-        lines.append(f"predicted exchange per step (cost model, nominal link {rate_text(plan.rate_bit_s)}, latency "
-                     f"{plan.alpha_s * 1e3:g} ms per collective; wire time only, overlap not modelled):")
+        lines.append(f"predicted exchange per step, nominal link {rate_text(plan.rate_bit_s)} + "
+                     f"{plan.alpha_s * 1e3:g} ms per collective (cost model; wire time, no overlap):")
         lines.append(f"  dense {dense_s:.4f} s, this plan {plan_s:.4f} s"
                      + (f" ({dense_s / plan_s:.2f}x)" if plan_s > 0 else ""))
     lines.append("")
