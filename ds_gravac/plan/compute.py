@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -137,18 +137,17 @@ def first_decision(cfg: GravacConfig, controller: Controller, plan: Plan) -> Ste
     step = 1 + int(cfg.warmup_steps) if cfg.mode in ("static", "gravac") else 1
     decision = controller.decide(step, math.nan)
     plan.step = step
+    ctl: Any = controller          # the mode's own controller: its levels are named in ``plan.start``
     if cfg.mode == "dense":
         plan.start = "dense: every bucket, every step (DeepSpeed's averaging, overlapped with backward)"
     elif cfg.mode == "static":
         plan.start = f"static: one level from step {step} on, dense before; it does not change at run time"
     elif cfg.mode == "gravac":
-        ctl: Any = controller
         decision = StepDecision(step=step, branch=Branch.MIN, send_level=float(ctl.theta_min))
         plan.start = (f"gravac: dense until the gains are measured, then theta_min {ctl.theta_min:g} (shown); the "
                       f"CF changes at run time (candidates from {ctl.theta_c:g} up to theta_max "
                       f"{cfg.theta_max:g}, or dense)")
     elif cfg.mode == "accordion":
-        ctl = controller
         plan.start = (f"accordion: every tensor starts at the low compression level {ctl.low:g} (shown) and "
                       f"switches per tensor between {ctl.low:g} and {ctl.high:g} at run time, every "
                       f"{cfg.accordion.interval_steps} steps")

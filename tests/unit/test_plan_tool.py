@@ -8,14 +8,16 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torchvision
 
-from ds_gravac.config import parse_config
+from ds_gravac.config import GravacConfig, parse_config
 from ds_gravac.errors import GravacConfigError, GravacUnsupportedError
 from ds_gravac.integration.build import build_compressor, reject_unimplemented
 from ds_gravac.integration.engine import check_compressible
+from ds_gravac.integration.zero import validate_zero
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT = ROOT / "ds_configs" / "default.json"
@@ -72,23 +74,38 @@ def test_dense_config_reads_ratio_one() -> None:
     assert "Traceback" not in out.stderr
 
 
-def test_refusals_are_attach_messages_and_exit_two(tmp_path: Path) -> None:
+def _expected_refusals(case: str, cfg: GravacConfig) -> list[str]:
+    """attach's messages for the case, from the library's own checks."""
+    with pytest.raises(GravacUnsupportedError) as unimplemented:
+        reject_unimplemented(cfg)
+    if case == "zero3":
+        with pytest.raises(GravacUnsupportedError) as zero:
+            validate_zero(SimpleNamespace(zero_optimization_stage=lambda: 3))   # it reads the stage first
+        return [str(unimplemented.value), str(zero.value)]
+    named = list(torchvision.models.resnet18(weights=None).named_parameters())
+    with pytest.raises(GravacConfigError) as nothing_compressed:
+        check_compressible(cfg, build_compressor(cfg), named)
+    return [str(unimplemented.value), str(nothing_compressed.value)]
+
+
+@pytest.mark.parametrize("case", ["accordion", "zero3"])
+def test_refusals_are_attach_messages_and_exit_two(case: str, tmp_path: Path) -> None:
     config = json.loads(DEFAULT.read_text())
-    section = {"mode": "accordion", "compressor": "topk", "accordion": {"interval_steps": 10},
-               "min_compress_numel": 10**9, "decision_source": "rank0"}
+    section: dict = {"decision_source": "rank0"}
+    if case == "zero3":
+        config.update(zero_optimization={"stage": 3}, zero_allow_untested_optimizer=True)
+        del config["scheduler"]       # torch's MultiStepLR does not take DeepSpeed's stage-3 optimizer wrapper
+    else:
+        section.update(mode="accordion", compressor="topk", accordion={"interval_steps": 10},
+                       min_compress_numel=10**9)
     config["gravac"] = section
     path = tmp_path / "refused.json"
     path.write_text(json.dumps(config))
-    cfg = parse_config(section)
-    with pytest.raises(GravacUnsupportedError) as unimplemented:
-        reject_unimplemented(cfg)
-    named = [(n, p) for n, p in torchvision.models.resnet18(weights=None).named_parameters()]
-    with pytest.raises(GravacConfigError) as nothing_compressed:
-        check_compressible(cfg, build_compressor(cfg), named)
+    expected = _expected_refusals(case, parse_config(section))
     out = plan(str(path), "--model", "resnet18")
     assert out.returncode == 2, out.stdout + out.stderr
     refused = out.stdout.split("refused at attach (2):\n", 1)[1].splitlines()
-    assert refused == [f"  {unimplemented.value}", f"  {nothing_compressed.value}"]
+    assert refused == [f"  {msg}" for msg in expected]
     assert "Traceback" not in out.stderr
 
 
