@@ -12,10 +12,13 @@ from .offline import PlanInputError, build_engine, load_model, parse_rate, read_
 from .report import as_json, as_text
 
 USAGE_ERROR = 2
+DESCRIPTION = ("What attach would do with a DeepSpeed config and a model, without training: each bucket's compressor, "
+               "level and bytes against dense, the cost model's predicted exchange on a nominal link, and every "
+               "refusal attach would raise (exit status 2).")
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m ds_gravac.plan", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m ds_gravac.plan", description=DESCRIPTION)
     parser.add_argument("config", help="DeepSpeed JSON config with a \"gravac\" section")
     parser.add_argument("--model", required=True,
                         help="a torchvision model name (weights=None), or module:callable returning an nn.Module")

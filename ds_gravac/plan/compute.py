@@ -134,7 +134,7 @@ def _selector(plan: Plan, cfg: GravacConfig, comp: Compressor, pattern: Any, rul
 def first_decision(cfg: GravacConfig, controller: Controller, plan: Plan) -> StepDecision:
     """The decision of the first step that may compress (step 0 is always dense: it finds the backward
     order), described in ``plan.start``."""
-    step = 1 + int(cfg.warmup_steps) if cfg.mode in ("static", "gravac") else 1
+    step = 1 + int(cfg.warmup_steps) if cfg.mode == "static" else int(getattr(controller, "i0", 1))
     decision = controller.decide(step, math.nan)
     plan.step = step
     ctl: Any = controller          # the mode's own controller: its levels are named in ``plan.start``
@@ -145,8 +145,7 @@ def first_decision(cfg: GravacConfig, controller: Controller, plan: Plan) -> Ste
     elif cfg.mode == "gravac":
         decision = StepDecision(step=step, branch=Branch.MIN, send_level=float(ctl.theta_min))
         plan.start = (f"gravac: dense until the gains are measured, then theta_min {ctl.theta_min:g} (shown); the "
-                      f"CF changes at run time (candidates from {ctl.theta_c:g} up to theta_max "
-                      f"{cfg.theta_max:g}, or dense)")
+                      f"CF changes at run time (candidates from {ctl.theta_c:g} up, or dense)")
     elif cfg.mode == "accordion":
         plan.start = (f"accordion: every tensor starts at the low compression level {ctl.low:g} (shown) and "
                       f"switches per tensor between {ctl.low:g} and {ctl.high:g} at run time, every "
