@@ -28,6 +28,7 @@ $(STAMP): setup.py constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt -e ".[hf,wandb,bench,test]"
+	$(PY) -c 'import site, sys; open(site.getsitepackages()[0] + "/ds_gravac_repo.pth", "w").write(sys.argv[1] + "\n")' "$(CURDIR)"
 	$(PY) runners/warm_ops.py
 	@touch $(STAMP)
 

@@ -13,12 +13,11 @@ setup(
                 "static Top-k/DGC/RedSync/SIDCo/Random-k",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
-    # `runners` (training scripts and their shared code) and `ds_gravac_bench` (benchmark tools, emulated
-    # cluster) are listed so that `pip install -e .` (what `make setup` runs) makes them importable in every
-    # process of the environment. A script run as a file gets its own directory as sys.path[0], not the
-    # repository root (`deepspeed runners/train_cifar.py`, ranks launched by the benchmarks), so without this
-    # `import runners.common` would need a sys.path edit or PYTHONPATH. `ds_gravac` itself never imports them.
-    packages=find_packages(include=["ds_gravac", "ds_gravac.*", "runners", "ds_gravac_bench"]),
+    # The library only: the training scripts (`runners/`) and the benchmark tools (`ds_gravac_bench/`) are examples
+    # and development tools of the repository, not part of the installed package. `make setup` puts the
+    # repository root on the development venv's path instead (a .pth file), so a script run as a file
+    # (`deepspeed runners/train_cifar.py`) imports them there.
+    packages=find_packages(include=["ds_gravac", "ds_gravac.*"]),
     python_requires=">=3.11",
     # Ranges, not pins: users keep their own CUDA builds of torch. constraints.txt pins the tested set.
     install_requires=["torch>=2.3", "deepspeed>=0.19.8,<0.20", "pydantic>=2", "tqdm"],

@@ -13,7 +13,11 @@ from typing import Any, Literal, Mapping, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .compress.base import stable_hash
+from .config_aliases import migrate, renamed_location
 from .errors import GravacConfigError
+
+
+SPARSIFIER_CF = 100.0     # static mode's CF without a "cf" key, for compressors without a grid of their own
 
 
 class StrictModel(BaseModel):
@@ -47,6 +51,52 @@ class AccordionConfig(StrictModel):
             raise ValueError(f"accordion.accum_steps ({self.accum_steps}) must be <= "
                              f"accordion.interval_steps ({self.interval_steps})")
         return self   # level order depends on the compressor (CF vs rank): checked when the controller binds
+
+
+class GravacModeConfig(StrictModel):
+    """``mode: "gravac"``: the GraVAC controller's keys, ``"gravac": {"gravac": {...}}`` (top-level keys until
+    0.5, still accepted with a warning: config_aliases.py)."""
+
+    theta_min: float = Field(10.0, ge=1)
+    theta_max: float = Field(1000.0, gt=1)
+    epsilon: float = Field(0.7, gt=0)
+    omega: float = Field(0.01, ge=0, lt=1)
+    window: int = Field(500, ge=1)
+    scaling_policy: Literal["exponential", "geometric"] = "exponential"
+    step_size: float = Field(2.0, gt=1)
+    ewma_alpha: Optional[float] = Field(None, gt=0, le=1)
+    ewma_alpha_range: list[float] = Field(default_factory=lambda: [0.01, 0.5])
+    gain_ewma: Literal["ratio_of_ewmas", "ewma_of_ratio"] = "ratio_of_ewmas"
+    gain_denominator: Literal["ef", "raw", "aggregate"] = "ef"
+    # "uniform": over a low-rank compressor, GraVAC's levels are one rank for every matrix (64 … 1) with the
+    # classifier pinned at >= the compressor's rank; "cf" maps one CF to a rank per matrix (docs/algorithms.md §7)
+    rank_ladder: Literal["cf", "uniform"] = "cf"
+    decision: Literal["pipelined", "strict"] = "pipelined"
+    decision_source: Literal["allreduce", "rank0"] = "allreduce"
+    stale_policy: Literal["refresh", "keep"] = "refresh"
+    refresh_steps: int = Field(20, ge=0)
+    min_sent_steps: int = Field(10, ge=1)
+    settled_policy: Literal["freeze", "recheck"] = "freeze"
+
+    @field_validator("ewma_alpha_range")
+    @classmethod
+    def _alpha_range(cls, v: list[float]) -> list[float]:
+        if len(v) != 2:
+            raise ValueError(f"ewma_alpha_range must be [lo, hi], got {len(v)} values")
+        lo, hi = v
+        if not 0 < lo <= hi <= 1:
+            raise ValueError(f"ewma_alpha_range ({lo}, {hi}) must satisfy 0 < lo <= hi <= 1")
+        return v
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> "GravacModeConfig":
+        if self.theta_min >= self.theta_max:
+            raise ValueError(f"theta_min ({self.theta_min:g}) must be < theta_max "
+                             f"({self.theta_max:g})")
+        if self.window < 2 * self.refresh_steps:
+            raise ValueError(f"window ({self.window}) must be >= 2 * refresh_steps = "
+                             f"{2 * self.refresh_steps} (refresh_steps is {self.refresh_steps})")
+        return self
 
 
 class AutoConfig(StrictModel):
@@ -115,6 +165,7 @@ class DebugConfig(StrictModel):
     """Switches for diagnosing hangs; config keys (never per-rank environment variables), so every rank agrees."""
 
     check_plans: bool = False     # all-reduce a hash of every step's bucket actions and fail on a mismatch
+    agreement_check_interval: int = Field(0, ge=0)   # every K steps, compare a checksum of the controller state
 
 
 class GravacConfig(StrictModel):
@@ -127,7 +178,9 @@ class GravacConfig(StrictModel):
     # per-model settings are ds_configs/<model>_recommended.json; GraVAC stays one key away ("mode": "gravac")
     mode: Literal["gravac", "static", "accordion", "dense", "auto"] = "static"
     compressor: CompressorSpec = Field(default_factory=CompressorSpec)
-    cf: float = Field(100.0, ge=1)
+    # static mode's level; null: the compressor's own (a quantizer's grid default, e.g. QSGD 8-bit = CF 4; 100
+    # for a sparsifier: SPARSIFIER_CF)
+    cf: Optional[float] = Field(None, ge=1)
     warmup_steps: int = Field(0, ge=0)
     error_feedback: bool = True
     # clip each rank's gradient per tensor at gradient_clipping/√N before compression, instead of DeepSpeed clipping
@@ -138,28 +191,7 @@ class GravacConfig(StrictModel):
     # mode "static": measure the sent level's gain (a diagnostic, no decision reads it) every n-th step; decoding
     # it again costs 2–3% of a QSGD step on ResNet101 (docs/configuration.md)
     gain_interval: int = Field(10, ge=0)
-    # GraVAC controller
-    theta_min: float = Field(10.0, ge=1)
-    theta_max: float = Field(1000.0, gt=1)
-    epsilon: float = Field(0.7, gt=0)
-    omega: float = Field(0.01, ge=0, lt=1)
-    window: int = Field(500, ge=1)
-    scaling_policy: Literal["exponential", "geometric"] = "exponential"
-    step_size: float = Field(2.0, gt=1)
-    ewma_alpha: Optional[float] = Field(None, gt=0, le=1)
-    ewma_alpha_range: list[float] = Field(default_factory=lambda: [0.01, 0.5])
-    gain_ewma: Literal["ratio_of_ewmas", "ewma_of_ratio"] = "ratio_of_ewmas"
-    gain_denominator: Literal["ef", "raw", "aggregate"] = "ef"
-    # "uniform": over a low-rank compressor, GraVAC's levels are one rank for every matrix (64 … 1) with the
-    # classifier pinned at >= the compressor's rank; "cf" maps one CF to a rank per matrix (docs/algorithms.md §7)
-    rank_ladder: Literal["cf", "uniform"] = "cf"
-    decision: Literal["pipelined", "strict"] = "pipelined"
-    decision_source: Literal["allreduce", "rank0"] = "allreduce"
-    stale_policy: Literal["refresh", "keep"] = "refresh"
-    refresh_steps: int = Field(20, ge=0)
-    min_sent_steps: int = Field(10, ge=1)
-    settled_policy: Literal["freeze", "recheck"] = "freeze"
-    agreement_check_interval: int = Field(0, ge=0)
+    gravac: GravacModeConfig = Field(default_factory=GravacModeConfig)   # mode "gravac"'s keys
     accordion: AccordionConfig = Field(default_factory=AccordionConfig)
     auto: AutoConfig = Field(default_factory=AutoConfig)
     # synchronization
@@ -184,26 +216,15 @@ class GravacConfig(StrictModel):
     def _bare_compressor_name(cls, v: Any) -> Any:
         return {"type": v} if isinstance(v, str) else v
 
-    @field_validator("ewma_alpha_range")
-    @classmethod
-    def _alpha_range(cls, v: list[float]) -> list[float]:
-        if len(v) != 2:
-            raise ValueError(f"ewma_alpha_range must be [lo, hi], got {len(v)} values")
-        lo, hi = v
-        if not 0 < lo <= hi <= 1:
-            raise ValueError(f"ewma_alpha_range ({lo}, {hi}) must satisfy 0 < lo <= hi <= 1")
-        return v
-
     @model_validator(mode="after")
     def _cross_field(self) -> "GravacConfig":
-        if self.theta_min >= self.theta_max:
-            raise ValueError(f"theta_min ({self.theta_min:g}) must be < theta_max ({self.theta_max:g})")
-        if self.window < 2 * self.refresh_steps:
-            raise ValueError(f"window ({self.window}) must be >= 2 * refresh_steps = {2 * self.refresh_steps} "
-                             f"(refresh_steps is {self.refresh_steps})")
         if self.mode == "accordion" and self.accordion.interval_steps is None:
             raise ValueError("accordion.interval_steps is required when mode is 'accordion'")
         return self
+
+    def static_cf(self) -> float:
+        """The CF static mode asks a CF-levelled compressor for when the config sets none."""
+        return SPARSIFIER_CF if self.cf is None else float(self.cf)
 
     def normalized(self) -> dict[str, Any]:
         """Canonical, JSON-serialisable form used for hashing and checkpoints."""
@@ -218,9 +239,9 @@ def unavailable_settings(config: GravacConfig) -> list[str]:
 
     They are refused at attach rather than silently ignored: a user who sets them expects them to act."""
     out = []
-    if config.decision_source == "rank0":
-        out.append("decision_source 'rank0': not available in this version; the default 'allreduce' already gives "
-                   "every rank identical decisions")
+    if config.gravac.decision_source == "rank0":
+        out.append("decision_source 'rank0' (key gravac.decision_source): not available in this version; the "
+                   "default 'allreduce' already gives every rank identical decisions")
     if (config.selection != "cost_model" and "cost_model" in config.model_fields_set
             and config.cost_model.model_fields_set):
         keys = ", ".join(f"cost_model.{k} {json.dumps(getattr(config.cost_model, k))}"
@@ -245,8 +266,9 @@ def _drop_auto(value: Any, top: bool = True) -> Any:
     return value
 
 
-def parse_config(section: Union[Mapping[str, Any], GravacConfig, None]) -> GravacConfig:
-    """Validate a ``"gravac"`` section (dict or model); never mutates the caller's dict."""
+def parse_config(section: Union[Mapping[str, Any], GravacConfig, None], warn: bool = True) -> GravacConfig:
+    """Validate a ``"gravac"`` section (dict or model); never mutates the caller's dict. Deprecated keys move to
+    their new names, with a warning unless ``warn`` is false (a checkpoint's saved section)."""
     if isinstance(section, GravacConfig):
         return section
     if section is None:
@@ -254,14 +276,15 @@ def parse_config(section: Union[Mapping[str, Any], GravacConfig, None]) -> Grava
     if not isinstance(section, Mapping):
         raise GravacConfigError(f'ds_gravac: the "gravac" section must be an object, got {type(section).__name__}')
     try:
-        return GravacConfig.model_validate(_drop_auto(dict(section)))
+        return GravacConfig.model_validate(migrate(_drop_auto(dict(section)), warn=warn))
     except ValidationError as exc:
-        raise GravacConfigError(f'ds_gravac: invalid "gravac" config: {_keys_of(exc)}{exc}') from None
+        raise GravacConfigError(f'ds_gravac: invalid "gravac" config: {_keys_of(exc, section)}{exc}') from None
 
 
-def _keys_of(exc: ValidationError) -> str:
+def _keys_of(exc: ValidationError, section: Mapping[str, Any]) -> str:
     """``"key a.b, c: "`` naming every key pydantic located an error at (its own text prints an empty key as
-    nothing; here it is ``''``). Errors of cross-key rules have no location and name their keys themselves."""
-    keys = dict.fromkeys(".".join(repr(p) if p == "" else str(p) for p in err["loc"])
+    nothing; here it is ``''``; a deprecated key as its new name, with the name written). Errors of cross-key
+    rules have no location and name their keys themselves."""
+    keys = dict.fromkeys(renamed_location(".".join(repr(p) if p == "" else str(p) for p in err["loc"]), section)
                          for err in exc.errors() if err["loc"])
     return f"key {', '.join(keys)}: " if keys else ""

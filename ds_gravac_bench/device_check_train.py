@@ -32,7 +32,8 @@ FAMILIES: dict[str, dict[str, dict[str, Any]]] = {
     "quantizer": {"onebit": {}, "signsgd": {}, "efsignsgd": {}, "terngrad": {}, "ternary": {}, "qsgd": {},
                   "tbq": {}},
     # GraVAC over Top-k: multi-level probes every step, so every gain numerator goes through the statistics read
-    "controller": {"gravac": {"mode": "gravac", "compressor": "topk", "theta_min": 4, "theta_max": 32}},
+    "controller": {"gravac": {"mode": "gravac", "compressor": "topk",
+                              "gravac": {"theta_min": 4, "theta_max": 32}}},
 }
 MODES = ("dense", "gravac")            # rows that are modes, not registered compressors
 PS = {"quantized_exchange": "ps"}      # the parameter-server exchange, also with two ranks

@@ -24,7 +24,7 @@ def window_never_reached(section: Optional[Mapping[str, Any]], steps: int) -> bo
     if not section or section.get("mode") != "gravac":
         return False
     cfg = parse_config(section)
-    return int(steps) <= cfg.warmup_steps + cfg.window
+    return int(steps) <= cfg.warmup_steps + cfg.gravac.window
 
 
 def system_label(sid: str, section: Optional[Mapping[str, Any]], steps: int,

@@ -54,7 +54,7 @@ def gravac_buckets(params: list[tuple[str, torch.nn.Parameter]], section: dict[s
                       reduce_rule(n), 0, n)
     planner.build(BucketPlan.provisional_order(len(members)), frozen=True)
     default = static_default_level(cfg, comp)
-    level = planner.level(cfg.cf if default is None else default, 10**6)
+    level = planner.level(cfg.static_cf() if default is None else default, 10**6)
     out = []
     for bucket in planner.plan.buckets:
         codec: Optional[Any] = planner.codecs.get(bucket.index)

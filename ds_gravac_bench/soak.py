@@ -65,8 +65,9 @@ def main() -> None:
     window = 100
     config = {"train_micro_batch_size_per_gpu": 16,
               "optimizer": {"type": "SGD", "params": {"lr": 0.01, "momentum": 0.9}},
-              "gravac": {"mode": "gravac", "compressor": "topk", "theta_min": 10, "theta_max": 1000,
-                         "window": window, "refresh_steps": 20, "min_sent_steps": 20, "ewma_alpha": 0.05}}
+              "gravac": {"mode": "gravac", "compressor": "topk",
+                         "gravac": {"theta_min": 10, "theta_max": 1000, "window": window, "refresh_steps": 20,
+                                    "min_sent_steps": 20, "ewma_alpha": 0.05}}}
     engine, *_ = ds_gravac.initialize(model=model, model_parameters=model.parameters(), config=config)
     teacher = nn.Linear(64, 10)
     gen = torch.Generator().manual_seed(rank)

@@ -57,13 +57,18 @@ def _static(compressor: Any, cf: float, min_numel: int = MIN_NUMEL) -> dict[str,
     return {"mode": "static", "compressor": compressor, "cf": cf, "min_compress_numel": min_numel}
 
 
+def _gravac_over(gravac: dict[str, Any], compressor: Any, **keys: Any) -> dict[str, Any]:
+    """A GraVAC system's section over another compressor, with some of its ``gravac.*`` keys replaced."""
+    return {**gravac, "compressor": compressor, "gravac": {**gravac["gravac"], **keys}}
+
+
 def system_matrix(steps: int, epsilon: float = 0.7, theta_min: float = 10.0) -> dict[str, SystemSpec]:
     window = max(2, steps // 10)
     refresh = max(1, window // 5)
-    gravac = {"mode": "gravac", "compressor": "topk", "theta_min": theta_min, "theta_max": 1000, "epsilon": epsilon,
-              "omega": 0.01, "window": window, "refresh_steps": min(refresh, window // 2),
-              "min_sent_steps": refresh, "ewma_alpha": round(min(0.5, 2 / (window + 1)), 3),
-              "min_compress_numel": MIN_NUMEL}
+    gravac = {"mode": "gravac", "compressor": "topk", "min_compress_numel": MIN_NUMEL,
+              "gravac": {"theta_min": theta_min, "theta_max": 1000, "epsilon": epsilon, "omega": 0.01,
+                         "window": window, "refresh_steps": min(refresh, window // 2), "min_sent_steps": refresh,
+                         "ewma_alpha": round(min(0.5, 2 / (window + 1)), 3)}}
     dgc = {"type": "dgc", "params": {"momentum": 0.9}}
     # without masking, dense steps keep DGC's momentum too (GraVAC's fallback would otherwise be SGD without it)
     dgc_nomask = {"type": "dgc", "params": {"momentum": 0.9, "momentum_masking": False, "dense_keeps_momentum": True}}
@@ -129,7 +134,7 @@ def quantizer_systems(gravac: dict[str, Any]) -> list[SystemSpec]:
         SystemSpec("gv_fp16", "gravac", {"mode": "static", "compressor": "fp16", "min_compress_numel": MIN_NUMEL},
                    "fp16 all-reduce (pre-divided)"),
         *[SystemSpec(f"gv_gravac_{comp}_ps", "gravac",
-                     {**gravac, "compressor": comp, "quantized_exchange": "ps", "theta_min": lo, "theta_max": hi},
+                     {**_gravac_over(gravac, comp, theta_min=lo, theta_max=hi), "quantized_exchange": "ps"},
                      f"GraVAC over {comp}'s grid (CF {lo:g}→{hi:g}), CaSync-PS")
           for comp, lo, hi in (("terngrad", 4, 32), ("qsgd", 4, 16))],
     ]
@@ -177,8 +182,8 @@ def lowrank_systems(gravac: dict[str, Any], window: int) -> list[SystemSpec]:
                                "accordion": {"interval_steps": window}},
                               f"Accordion over {comp}: rank 4 in critical regimes, rank 1 otherwise"))
         out.append(SystemSpec(f"gv_gravac_{comp}", "gravac",
-                              {**gravac, "compressor": comp, "theta_min": LOWRANK_THETA_MIN, "epsilon": 0.3,
-                               "gain_denominator": "raw"},
+                              _gravac_over(gravac, comp, theta_min=LOWRANK_THETA_MIN, epsilon=0.3,
+                                           gain_denominator="raw"),
                               f"GraVAC over {comp} ranks, θ {LOWRANK_THETA_MIN:g}→1000 mapped to ranks per matrix, "
                               f"raw gain, ε 0.3"))
     return out
@@ -202,8 +207,9 @@ def config_system(path: str, base: Optional[dict[str, Any]]) -> SystemSpec:
 
 def resolve_system(matrix: dict[str, SystemSpec], sid: str, base: Optional[dict[str, Any]] = None) -> SystemSpec:
     """``base@key=value@…``: a matrix system with keys of its "gravac" section overridden or added (values read as
-    JSON; a dotted key such as ``compressor.params.rank`` reaches inside a nested object), so one invocation compares e.g. GraVAC at several ε, or with ``gain_denominator=raw``, against the
-    same DeepSpeed dense run. Values are validated with the whole section before any cluster comes up.
+    JSON; a dotted key such as ``compressor.params.rank`` reaches inside a nested object; a key renamed in 0.5 is
+    read by its new name), so one invocation compares e.g. GraVAC at several ε, or with ``gravac.gain_denominator=raw``,
+    against the same DeepSpeed dense run. Values are validated with the whole section before any cluster comes up.
     ``cfg:<file>`` is a config file's section (:func:`config_system`, checked against ``base``), and takes the same
     ``@key=value`` overrides (``cfg:ds_configs/bench/lstm_gravac_geo.json@warmup_steps=25``)."""
     head, *overrides = sid.split("@")
@@ -220,12 +226,15 @@ def resolve_system(matrix: dict[str, SystemSpec], sid: str, base: Optional[dict[
     if spec.gravac is None:
         raise ValueError(f"system '{head}' has no \"gravac\" section to override ('{sid}')")
     from ds_gravac.config import GravacConfig
+    from ds_gravac.config_aliases import RENAMED
 
     keys = sorted(GravacConfig.model_fields)
     section = copy.deepcopy(spec.gravac)
     for item in overrides:
         key, sep, raw = item.partition("=")
         path = key.split(".")
+        if path[0] in RENAMED:         # ids written before 0.5 (@epsilon=0.1) name GraVAC's keys top-level
+            path = [*RENAMED[path[0]][:2], *path[1:]]
         if not sep or path[0] not in keys:
             raise ValueError(f"'{sid}': expected @key=value with key a top-level \"gravac\" key "
                              f"({', '.join(keys)}) or a dotted path below one (compressor.params.rank), "

@@ -3,7 +3,7 @@
     deepspeed --num_gpus 2 runners/train_hf.py --deepspeed_config ds_configs/hf.json --steps 20
 
 No downloaded weights or tokenizers: the vocabulary is built from the training text (a local file given with
-``--text-file``, else a deterministic synthetic Markov-chain text from ``runners.data``).
+``--text-file``, else a deterministic synthetic Markov-chain text from ``runners.text_data``).
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def word_vocab(text: str) -> dict[str, int]:
 
 
 def synthetic_text(num_tokens: int, seed: int) -> str:
-    from runners.data import SyntheticTokenStream
+    from runners.text_data import SyntheticTokenStream
     stream = SyntheticTokenStream(vocab_size=200, num_tokens=num_tokens, seed=seed)
     return " ".join(f"w{int(t)}" for t in stream.tokens)
 

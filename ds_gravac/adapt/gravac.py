@@ -31,9 +31,9 @@ NAN = float("nan")
 
 def default_alpha(config: Any, world_size: int) -> float:
     """``ewma_alpha`` or ``clamp(N/100, ewma_alpha_range)``: more ranks average more noise away per step."""
-    if config.ewma_alpha is not None:
-        return float(config.ewma_alpha)
-    lo, hi = config.ewma_alpha_range
+    if config.gravac.ewma_alpha is not None:
+        return float(config.gravac.ewma_alpha)
+    lo, hi = config.gravac.ewma_alpha_range
     return float(min(max(world_size / 100.0, lo), hi))
 
 
@@ -63,11 +63,11 @@ class GravacController(Controller):
     def __init__(self, config: Any) -> None:
         super().__init__(config)
         self.i0 = 1 + int(config.warmup_steps)
-        self.window = int(config.window)
+        self.window = int(config.gravac.window)
         self.alpha = 0.0
         self.phase = Phase.WARMUP
-        self.theta_min = float(config.theta_min)
-        self.theta_c = float(config.theta_min)
+        self.theta_min = float(config.gravac.theta_min)
+        self.theta_c = float(config.gravac.theta_min)
         self.j = 0
         self.gains: dict[float, GainRecord] = {}
         self.thru: dict[float, ThroughputRecord] = {}
@@ -92,7 +92,7 @@ class GravacController(Controller):
         c = self.config
         lo, hi = gravac_range(c, _compressor_name(c), ctx.level_kind, ctx.gain_kind, ctx.cf_grid, ctx.realize_cf)
         self._warn_degenerate(ctx)
-        self._seq = CandidateSequence(lo, hi, c.scaling_policy, c.step_size, ctx.realize_cf)
+        self._seq = CandidateSequence(lo, hi, c.gravac.scaling_policy, c.gravac.step_size, ctx.realize_cf)
         if self._initialized:
             return
         self.alpha = default_alpha(c, ctx.world_size)
@@ -116,17 +116,17 @@ class GravacController(Controller):
             else:
                 log.warning("ds_gravac: unscaled Random-k has E[gain] = 1/theta: with epsilon=%g no CF above "
                             "%.3gx passes the epsilon test (docs/algorithms.md, R5; gain_denominator=%r)",
-                            c.epsilon, 1.0 / c.epsilon, c.gain_denominator)
+                            c.gravac.epsilon, 1.0 / c.gravac.epsilon, c.gravac.gain_denominator)
         elif ctx.gain_kind == "unbiased":
             log.warning("ds_gravac: compressor %r has gain_kind 'unbiased' (E[gain] >= 1): the epsilon test "
                         "never rejects, so only throughput drives the search over its CFs", name)
-        if c.epsilon > 1.0 and c.gain_denominator != "raw":
+        if c.gravac.epsilon > 1.0 and c.gravac.gain_denominator != "raw":
             log.warning("ds_gravac: epsilon=%g > 1 can never pass with gain_denominator %r (gains <= 1)",
-                        c.epsilon, c.gain_denominator)
+                        c.gravac.epsilon, c.gravac.gain_denominator)
 
     @property
     def strict(self) -> bool:
-        return self.config.decision == "strict"
+        return self.config.gravac.decision == "strict"
 
     # ---- decisions ---------------------------------------------------------------------------------
     def decide(self, step: int, lr: float, force_dense: bool = False) -> StepDecision:
@@ -166,7 +166,7 @@ class GravacController(Controller):
 
     def _choose_branch(self) -> tuple[Branch, float]:
         """Alg. 1 lines 11/16/21: cand if δ̄(θ_c) ≥ ε (needs a record, R8), elif δ̄(θ_min) ≥ ε min, else dense."""
-        eps = self.config.epsilon
+        eps = self.config.gravac.epsilon
         g_c, g_m = self._gain(self.theta_c), self._gain(self.theta_min)
         if g_c is not None and g_c >= eps:
             branch, level = Branch.CAND, self.theta_c
@@ -181,12 +181,12 @@ class GravacController(Controller):
         if cf <= 1.0:
             return 1.0
         rec = self.gains.get(cf)
-        return None if rec is None else rec.gain(self.config.gain_ewma)
+        return None if rec is None else rec.gain(self.config.gravac.gain_ewma)
 
     def _in_refresh(self, step: int) -> bool:
         c = self.config
-        return (c.stale_policy == "refresh" and c.refresh_steps > 0 and step >= self.i0
-                and (step - self.i0) % self.window >= self.window - c.refresh_steps)
+        return (c.gravac.stale_policy == "refresh" and c.gravac.refresh_steps > 0 and step >= self.i0
+                and (step - self.i0) % self.window >= self.window - c.gravac.refresh_steps)
 
     def _probe_levels(self, step: int) -> tuple[float, ...]:
         """θ_min, θ_c, and in refresh steps the next candidate plus recently sent table CFs (R6)."""
@@ -198,7 +198,7 @@ class GravacController(Controller):
 
         add(self.theta_min)
         add(self.theta_c)
-        frozen = self.phase == Phase.SETTLED and self.config.settled_policy == "freeze"   # nothing would use it
+        frozen = self.phase == Phase.SETTLED and self.config.gravac.settled_policy == "freeze"   # nothing would use it
         if self._in_refresh(step) and not frozen:
             if self.phase in (Phase.SEARCH, Phase.SETTLED) and self._seq is not None:
                 nxt = self._seq.after(max(self.theta_min, self.theta_c))
@@ -216,7 +216,7 @@ class GravacController(Controller):
         self.log_event(step, "boundary", window=(step - self.i0) // self.window,
                        table={cf_key(cf): t for cf, t in sorted(table.items())})
         self._escalate(step)
-        if self.phase != Phase.SETTLED or self.config.settled_policy == "recheck":
+        if self.phase != Phase.SETTLED or self.config.gravac.settled_policy == "recheck":
             if self._saturate(step, table):
                 return
         if self.phase == Phase.SEARCH:
@@ -227,12 +227,12 @@ class GravacController(Controller):
         start = step - self.window
         table: dict[float, float] = {}
         for cf, rec in self.thru.items():
-            if rec.sent_count < self.config.min_sent_steps:
+            if rec.sent_count < self.config.gravac.min_sent_steps:
                 continue
             gain = self._gain(cf)
             if gain is None:
                 continue
-            if cf > 1.0 and self.config.stale_policy == "refresh" and self.gains[cf].last_step < start:
+            if cf > 1.0 and self.config.gravac.stale_policy == "refresh" and self.gains[cf].last_step < start:
                 continue                                  # stale gain: left out of the saturation test (R6)
             table[cf] = rec.t_sys * gain
         return table
@@ -242,7 +242,7 @@ class GravacController(Controller):
         if self.theta_c <= self.theta_min:
             return
         g_m, g_c = self._gain(self.theta_min), self._gain(self.theta_c)
-        if g_m is not None and g_c is not None and g_m > 0 and abs(g_m - g_c) / g_m <= self.config.omega:
+        if g_m is not None and g_c is not None and g_m > 0 and abs(g_m - g_c) / g_m <= self.config.gravac.omega:
             self.log_event(step, "escalate", theta_min_old=self.theta_min, theta_min=self.theta_c,
                            gain_min=g_m, gain_cand=g_c)
             self.theta_min = self.theta_c
@@ -252,7 +252,7 @@ class GravacController(Controller):
         ranked = sorted(table.items(), key=lambda kv: (-kv[1], kv[0]))
         if len(ranked) >= 2:
             (cf_a, t_a), (cf_b, t_b) = ranked[0], ranked[1]
-            if t_b > 0 and (t_a - t_b) / t_b <= self.config.omega:
+            if t_b > 0 and (t_a - t_b) / t_b <= self.config.gravac.omega:
                 ideal = min(cf_a, cf_b)
                 self.log_event(step, "settled", theta_ideal=ideal, theta_c_old=self.theta_c,
                                top=[[cf_a, t_a], [cf_b, t_b]])
@@ -284,13 +284,13 @@ class GravacController(Controller):
         self._observe_timing(stats)
 
     def _observe_gains(self, stats: AgreedStats) -> None:
-        if self.config.gain_denominator == "aggregate":      # the previous step's gain on the averaged gradient
+        if self.config.gravac.gain_denominator == "aggregate":      # the previous step's gain on the averaged gradient
             agg = stats.aggregate
             if agg is None:
                 return
             den, levels, nums, step = agg.den, agg.levels, list(agg.nums), agg.step
         else:
-            den = stats.den_raw if self.config.gain_denominator == "raw" else stats.den
+            den = stats.den_raw if self.config.gravac.gain_denominator == "raw" else stats.den
             levels, nums, step = (stats.decision.probe_levels, list(stats.nums[:len(stats.decision.probe_levels)]),
                 stats.step)
         if stats.nonfinite > 0 or not _finite(den, *[n for n in nums if n is not None]):

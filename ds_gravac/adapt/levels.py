@@ -53,20 +53,20 @@ def gravac_range(config: Any, name: str, level_kind: str, gain_kind: str, grid: 
         use = "'static' or 'accordion'" if accordion_ok and not static_only else "'static'"
         raise GravacConfigError(f"{GRAVAC_NEEDS}; {name!r} is static-only ({why}; use mode {use}) "
                                 f"(keys \"mode\": \"gravac\", \"compressor\": \"{name}\")")
-    lo, hi = float(config.theta_min), float(config.theta_max)
+    lo, hi = float(config.gravac.theta_min), float(config.gravac.theta_max)
     if levels is None:
         return lo, hi
-    chosen = config.model_fields_set
+    chosen = config.gravac.model_fields_set
     lo = lo if "theta_min" in chosen else levels[0]
     hi = hi if "theta_max" in chosen else levels[-1]
     reach = [g for g in levels if realize(lo) <= g <= realize(hi)]
     if len(reach) < 2:
         shown = [f"{v:g}" if key in chosen else f"unset: {v:g}" for key, v in (("theta_min", lo), ("theta_max", hi))]
         raise GravacConfigError(
-            f"ds_gravac: theta_min ({shown[0]}) and theta_max ({shown[1]}) snap to the single CF {_cfs(reach)} of "
-            f"compressor {name!r}, whose CFs are {_cfs(levels)}; GraVAC needs at least two of them between "
+            f"ds_gravac: theta_min ({shown[0]}) and theta_max ({shown[1]}) snap to the single CF "
+            f"{_cfs(reach)} of compressor {name!r}, whose CFs are {_cfs(levels)}; GraVAC needs at least two of them between "
             f"theta_min (snapped up to the next CF) and theta_max, or leave both keys unset to search the whole "
-            f"grid (keys \"theta_min\", \"theta_max\")")
+            f"grid (keys \"theta_min\", \"theta_max\" of the \"gravac\" object)")
     return lo, hi
 
 
@@ -106,9 +106,9 @@ def uniform_bound(config: Any) -> float:
     """θ_min of GraVAC over the uniform rank ladder: the configured one snapped up to a rung, else the first rung
     (rank 64). It fixes the widest factors (the largest rank the run can ask for)."""
     levels = uniform_levels()
-    if "theta_min" not in config.model_fields_set:
+    if "theta_min" not in config.gravac.model_fields_set:
         return levels[0]
-    return next((g for g in levels if g >= float(config.theta_min)), levels[-1])
+    return next((g for g in levels if g >= float(config.gravac.theta_min)), levels[-1])
 
 
 def classifier_shapes(named_params: Sequence[tuple[str, Any]], accepts: Callable[[tuple[int, ...]], bool],
@@ -122,12 +122,12 @@ def classifier_shapes(named_params: Sequence[tuple[str, Any]], accepts: Callable
 
 def check_rank_ladder(config: Any, compressor: Any) -> None:
     """``rank_ladder: "uniform"`` only means something for GraVAC over a low-rank compressor."""
-    if config.rank_ladder == "cf" or getattr(compressor, "ladder", None) == "uniform":
+    if config.gravac.rank_ladder == "cf" or getattr(compressor, "ladder", None) == "uniform":
         return
     what = (f"mode is {config.mode!r}" if config.mode != "gravac"
             else f"compressor {config.compressor.type!r} is not low-rank")
-    raise GravacConfigError(f"ds_gravac: key \"rank_ladder\" ({config.rank_ladder!r}) needs mode 'gravac' with a "
-                            f"low-rank compressor (powersgd, acpsgd), but {what}; allowed values: 'cf' (default), "
+    raise GravacConfigError(f"ds_gravac: key \"gravac.rank_ladder\" ({config.gravac.rank_ladder!r}) needs mode "
+                            f"'gravac' with a low-rank compressor (powersgd, acpsgd), but {what}; allowed values: 'cf' (default), "
                             f"'uniform'")
 
 

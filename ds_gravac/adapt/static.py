@@ -24,7 +24,7 @@ class StaticController(Controller):
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)
-        self.level = float(config.cf)
+        self.level = config.static_cf()
         self.last_gain = float("nan")
 
     def bind(self, ctx: Any) -> None:

@@ -39,7 +39,7 @@ def build_compressor(config: GravacConfig) -> Compressor:
                                 f"{exc}") from None
     comp = cls(params)
     if comp.level_kind == "rank":
-        if config.mode == "static" and "cf" in config.model_fields_set:
+        if config.mode == "static" and config.cf is not None:
             raise GravacConfigError(f"ds_gravac: key \"cf\" ({config.cf:g}) does not apply to the low-rank "
                                     f"compressor '{config.compressor.type}'; set its rank instead: "
                                     f"\"compressor\": {{\"type\": \"{config.compressor.type}\", "
@@ -54,7 +54,7 @@ def static_default_level(config: GravacConfig, comp: Compressor) -> Optional[flo
     quantizer's own CF (``default_cf``: e.g. TernGrad's bit width) when no ``cf`` key is set."""
     if comp.level_kind == "rank":
         return float(getattr(comp.params, "rank", 0))
-    if comp.kind == Kind.QUANTIZED and "cf" not in config.model_fields_set:
+    if comp.kind == Kind.QUANTIZED and config.cf is None:
         return float(comp.default_cf())
     return None
 
@@ -63,9 +63,9 @@ def rank_level_bound(config: GravacConfig, comp: Compressor) -> tuple[str, float
     """How a rank-levelled (low-rank) compressor reads levels in this mode, and the largest rank it can be asked
     for: GraVAC works in CFs (bound: theta_min), static in the compressor's rank, Accordion in its two ranks."""
     if config.mode == "gravac":
-        if config.rank_ladder == "uniform":
+        if config.gravac.rank_ladder == "uniform":
             return "uniform", uniform_bound(config)
-        return "cf", float(config.theta_min)
+        return "cf", float(config.gravac.theta_min)
     rank = float(getattr(comp.params, "rank", 1))
     if config.mode == "auto":
         return "rank", float(AUTO_RANKS[0])          # the largest rung of auto's ladders

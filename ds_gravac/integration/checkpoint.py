@@ -18,7 +18,8 @@ from typing import Any, Mapping, Optional
 import torch
 import torch.distributed as tdist
 
-from ..errors import GravacError
+from ..config import SPARSIFIER_CF, parse_config
+from ..errors import GravacConfigError, GravacError
 from .. import version
 
 logger = logging.getLogger("ds_gravac")
@@ -68,13 +69,26 @@ def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any], pre
     return out
 
 
+def _current_form(saved: Any) -> Optional[dict[str, Any]]:
+    """A checkpoint's saved section in this version's key names (an older writer's renamed keys moved, no
+    warning: the user did not write them), or None when it is not a valid section any more."""
+    if not isinstance(saved, Mapping):
+        return None
+    if "gravac" not in saved and saved.get("cf") == SPARSIFIER_CF:
+        saved = {k: v for k, v in saved.items() if k != "cf"}    # before 0.5 an unset cf was written as 100
+    try:
+        return parse_config(saved, warn=False).normalized()
+    except GravacConfigError:
+        return dict(saved)
+
+
 def _report_differences(handle: Any, rep: Mapping[str, Any]) -> None:
     version = rep.get("version")
     if version is not None and version != _version():
         logger.warning("ds_gravac: checkpoint written by ds_gravac %s, this is %s", version, _version())
     if rep.get("config_hash") is not None and rep["config_hash"] != handle.config.config_hash():
-        saved = rep.get("config")
-        diffs = config_differences(saved, handle.config.normalized()) if isinstance(saved, Mapping) else []
+        saved = _current_form(rep.get("config"))
+        diffs = config_differences(saved, handle.config.normalized()) if saved is not None else []
         logger.warning("ds_gravac: the checkpoint was written with a different 'gravac' section%s",
                        ": " + "; ".join(diffs) if diffs else "")
 

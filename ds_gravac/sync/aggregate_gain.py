@@ -87,7 +87,7 @@ class AggregateSample:
 
 def check_aggregate_gain(config: Any, comp: Compressor) -> None:
     """``gain_denominator: "aggregate"`` needs a compressor that reports its aggregate's component energies."""
-    if config.gain_denominator == "aggregate" and config.mode == "gravac" and not comp.aggregate_gain:
+    if config.gravac.gain_denominator == "aggregate" and config.mode == "gravac" and not comp.aggregate_gain:
         raise GravacConfigError(
             f"ds_gravac: gain_denominator 'aggregate' is measured from the factors of a low-rank aggregate; "
             f"compressor '{config.compressor.type}' has none (key \"gain_denominator\": use \"ef\" or \"raw\", or a "

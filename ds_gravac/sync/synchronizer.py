@@ -87,7 +87,7 @@ class Synchronizer:
         self._ready_order: list[int] = []
         check_aggregate_gain(config, compressor)
         groups = controller.signal_groups([(m.name, tuple(m.param.shape)) for m in self.members if m.compressible])
-        measured = groups is not None or (config.mode == "gravac" and config.gain_denominator == "aggregate")
+        measured = groups is not None or (config.mode == "gravac" and config.gravac.gain_denominator == "aggregate")
         self.aggregate: Optional[AggregateGain] = None
         if measured:
             self.aggregate = AggregateGain(compressor, self.planner, config.seed, self.world_size, groups=groups)
@@ -141,7 +141,7 @@ class Synchronizer:
             switched = self.controller.accept(step, prop)
             if switched and self.config.accordion.reset_ef_on_switch:
                 self.memory.reset(switched)      # a new level starts with an empty error-feedback memory
-        interval = self.config.agreement_check_interval
+        interval = self.config.debug.agreement_check_interval
         if interval and step % interval == 0:
             check_agreement(int(self.controller.state_checksum()), self.channels.control,
                             f"ranks hold different controller states at step {step} (agreement_check_interval)")
@@ -216,7 +216,7 @@ class Synchronizer:
             ctx.step = plan.step
         self.update_space.begin(ctxs)
         norms: list[torch.Tensor] = []
-        raw = [] if self.config.gain_denominator == "raw" else None
+        raw = [] if self.config.gravac.gain_denominator == "raw" else None
         xs = mem.stage(self.comp, ctxs, self.config.error_feedback, squares=norms, inv_scale=1.0 / run.loss_scale,
                        clip=self.local_clip, raw_squares=raw)
         for ctx, x in zip(ctxs, xs):

@@ -185,13 +185,13 @@ def _shipped_job(rank: int, world: int, path: str) -> dict:
     import json
     import ds_gravac
     section = json.loads(open(path, encoding="utf-8").read())["gravac"]
-    section.update(warmup_steps=1, window=4, refresh_steps=1, min_sent_steps=1, min_compress_numel=1000,
-                   theta_min=4, agreement_check_interval=1)
+    section.update(warmup_steps=1, min_compress_numel=1000, debug={"agreement_check_interval": 1})
+    section["gravac"].update(window=4, refresh_steps=1, min_sent_steps=1, theta_min=4)
     engine = _engine(section, world)
     M.train(engine, rank, 8)
     ctrl = ds_gravac.get_handle(engine).sync.controller
     return {"params": M.params_of(engine), "gains": {cf: r.count for cf, r in ctrl.gains.items()},
-            "gain": section["gain_denominator"]}
+            "gain": section["gravac"]["gain_denominator"]}
 
 
 @pytest.mark.parametrize("name", ["lstm_gravac_acpsgd.json"])

@@ -184,8 +184,11 @@ def test_resume_reproduces_the_uninterrupted_run(full: dict, resumed: dict) -> N
 
 
 def test_train_ptb_tiny_lstm(tmp_path: Any) -> None:
-    cfg = _write_config(str(tmp_path / "lstm.json"), "bench/lstm_gravac_exp.json", window=4,
-                        refresh_steps=1, min_sent_steps=1, theta_min=2, theta_max=100)
+    with open(os.path.join(ROOT, "ds_configs", "bench", "lstm_gravac_exp.json"), encoding="utf-8") as f:
+        controller = json.load(f)["gravac"]["gravac"]
+    cfg = _write_config(str(tmp_path / "lstm.json"), "bench/lstm_gravac_exp.json",
+                        gravac={**controller, "window": 4, "refresh_steps": 1, "min_sent_steps": 1, "theta_min": 2,
+                                "theta_max": 100})
     proc = launch([PTB, "--deepspeed_config", cfg, "--lstm-size", "tiny", "--vocab-size", "500",
                    "--synthetic-tokens", "40000", "--steps", "12", "--eval-every", "6", "--eval-batches", "5",
                    "--no-wandb", "--no-progress", "--log-dir", str(tmp_path / "log")])

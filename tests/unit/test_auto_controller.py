@@ -27,7 +27,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 def test_mode_auto_is_a_choice_not_an_unset_value() -> None:
     """``"auto"`` means "not set" for every other key (Hugging Face); for ``mode`` it names the controller."""
     assert parse_config({"mode": "auto", "compressor": "powersgd"}).mode == "auto"
-    assert parse_config({"cf": "auto"}).cf == 100
+    assert parse_config({"cf": "auto"}).static_cf() == 100
 
 
 @pytest.mark.parametrize("key, value, allowed", [

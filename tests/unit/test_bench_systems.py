@@ -10,7 +10,7 @@ from ds_gravac_bench.systems import system_matrix
 
 @pytest.mark.parametrize("steps,window,alpha", [(30, 3, 0.5), (40, 4, 0.4), (300, 30, 0.065)])
 def test_scaled_window_and_alpha(steps: int, window: int, alpha: float) -> None:
-    gravac = system_matrix(steps, epsilon=0.5)["gv_gravac"].gravac
+    gravac = system_matrix(steps, epsilon=0.5)["gv_gravac"].gravac["gravac"]
     assert gravac["window"] == window and gravac["epsilon"] == 0.5
     assert gravac["ewma_alpha"] == pytest.approx(alpha, abs=1e-3)
 
@@ -100,7 +100,8 @@ def test_local_system_refuses_more_than_one_rank(system: str) -> None:
 
 def test_theta_min_reaches_both_gravac_systems() -> None:
     matrix = system_matrix(100, epsilon=0.3, theta_min=2)
-    assert matrix["gv_gravac"].gravac["theta_min"] == 2 and matrix["gv_gravac_dgc"].gravac["theta_min"] == 2
+    assert (matrix["gv_gravac"].gravac["gravac"]["theta_min"] == 2
+            and matrix["gv_gravac_dgc"].gravac["gravac"]["theta_min"] == 2)
     for sid in ("gv_gravac", "gv_gravac_dgc"):
         parse_config(matrix[sid].gravac)
 
@@ -123,15 +124,18 @@ def test_system_variants_override_only_the_named_gravac_keys() -> None:
     base = matrix["gv_gravac_dgc_nomask"]
     variant = resolve_system(matrix, "gv_gravac_dgc_nomask@epsilon=0.1@theta_min=4")
     assert variant.id == "gv_gravac_dgc_nomask@epsilon=0.1@theta_min=4" and variant.system == base.system
-    assert variant.gravac["epsilon"] == 0.1 and variant.gravac["theta_min"] == 4
-    assert ({k: v for k, v in variant.gravac.items() if k not in ("epsilon", "theta_min")} ==
-        {k: v for k, v in base.gravac.items() if k not in ("epsilon", "theta_min")})
-    assert base.gravac["epsilon"] == 0.3                       # the matrix entry itself is untouched
+    assert variant.gravac["gravac"]["epsilon"] == 0.1 and variant.gravac["gravac"]["theta_min"] == 4
+    assert ({k: v for k, v in variant.gravac["gravac"].items() if k not in ("epsilon", "theta_min")} ==
+        {k: v for k, v in base.gravac["gravac"].items() if k not in ("epsilon", "theta_min")})
+    assert {k: v for k, v in variant.gravac.items() if k != "gravac"} == {k: v for k, v in base.gravac.items()
+                                                                          if k != "gravac"}
+    assert base.gravac["gravac"]["epsilon"] == 0.3             # the matrix entry itself is untouched
     parse_config(variant.gravac)
     assert resolve_system(matrix, "ds_dense") is matrix["ds_dense"]
     added = resolve_system(matrix, "gv_gravac@gain_denominator=raw")   # a key the matrix entry does not set
-    assert "gain_denominator" not in matrix["gv_gravac"].gravac
-    assert parse_config(added.gravac).gain_denominator == "raw"
+    assert "gain_denominator" not in matrix["gv_gravac"].gravac["gravac"]
+    assert parse_config(added.gravac).gravac.gain_denominator == "raw"
+    assert resolve_system(matrix, "gv_gravac@gravac.gain_denominator=raw").gravac == added.gravac   # its new name
 
 
 @pytest.mark.parametrize("sid,match", [("gv_gravac@epsilon", "key=value"), ("gv_gravac@eps=0.1", "'eps=0.1'"),

@@ -21,8 +21,9 @@ def test_defaults_are_the_documented_ones() -> None:
     assert (qsgd.params.levels, qsgd.params.bucket_size, qsgd.default_cf()) == (127, 128, 4.0)   # 8-bit codes
     assert cfg.quantized_exchange == "auto"             # its own exchange: the parameter server (CaSync-PS)
     assert lookup("powersgd").Params().rank == 16 and lookup("acpsgd").Params().rank == 16
-    assert (cfg.cf, cfg.theta_min, cfg.theta_max) == (100, 10, 1000)
-    assert (cfg.epsilon, cfg.omega, cfg.window, cfg.refresh_steps, cfg.min_sent_steps) == (0.7, 0.01, 500, 20, 10)
+    assert (cfg.static_cf(), cfg.gravac.theta_min, cfg.gravac.theta_max) == (100, 10, 1000)
+    g = cfg.gravac
+    assert (g.epsilon, g.omega, g.window, g.refresh_steps, g.min_sent_steps) == (0.7, 0.01, 500, 20, 10)
     assert (cfg.bucket_cap_mb, cfg.min_compress_numel, cfg.overlap, cfg.bulk) == (25, 0, True, True)
 
 
@@ -44,7 +45,7 @@ def test_parameters_without_a_type_name_the_default_they_were_checked_against() 
 def test_bare_compressor_name_and_auto_values() -> None:
     cfg = parse_config({"compressor": "dgc", "cf": "auto", "accordion": {"eta": "auto"}})
     assert cfg.compressor.type == "dgc" and cfg.compressor.params == {}
-    assert cfg.cf == 100 and cfg.accordion.eta == 0.5
+    assert cfg.static_cf() == 100 and cfg.accordion.eta == 0.5
 
 
 def test_caller_dict_is_not_mutated() -> None:

@@ -114,7 +114,7 @@ def _check_classifier_only(cfg: dict, gravac) -> None:
         if gravac.mode == "static":
             rank = min(gravac.compressor.params["rank"], n, m)
         else:   # GraVAC's first candidate, 2·θ_min
-            rank = comp.rank_for(n, m, 2 * gravac.theta_min)
+            rank = comp.rank_for(n, m, 2 * gravac.gravac.theta_min)
         assert rank >= global_batch, (name, rank)
 
 
@@ -174,11 +174,11 @@ def test_configs_of_a_model_differ_only_in_their_gravac_section(model: str) -> N
     for name, keys in ZERO_KEYS.items():
         assert {k: _load(os.path.join(DIR, name))[k] for k in keys} == keys, name
     assert not [name for name in NO_SCHEDULER if "scheduler" in _load(os.path.join(DIR, name))]
-    exp = parse_config(_load(os.path.join(DIR, "bench", "resnet101_gravac_exp.json"))["gravac"])
+    exp = parse_config(_load(os.path.join(DIR, "bench", "resnet101_gravac_exp.json"))["gravac"]).gravac
     # ε 0.3 since the files run Top-k with momentum correction (a lower gain than error feedback's, docs/BENCHMARKS_HISTORY.md §3.5)
     assert ((exp.theta_min, exp.theta_max, exp.epsilon, exp.window, exp.scaling_policy) ==
         (10, 1000, 0.3, 500, "exponential"))
-    geo = parse_config(_load(os.path.join(DIR, "bench", "resnet101_gravac_geo.json"))["gravac"])
+    geo = parse_config(_load(os.path.join(DIR, "bench", "resnet101_gravac_geo.json"))["gravac"]).gravac
     assert (geo.theta_max, geo.window, geo.scaling_policy) == (2000, 2000, "geometric")
 
 
@@ -197,7 +197,7 @@ def test_lowrank_gravac_configs_use_the_aggregate_gain() -> None:
     assert len(lowrank) == 6
     for path in lowrank:
         gravac = parse_config(_load(path)["gravac"])
-        assert gravac.gain_denominator == "aggregate", path
+        assert gravac.gravac.gain_denominator == "aggregate", path
         from ds_gravac.integration.engine import build_compressor
         from ds_gravac.sync.aggregate_gain import check_aggregate_gain
         check_aggregate_gain(gravac, build_compressor(gravac))      # raises if the compressor cannot report it

@@ -34,14 +34,14 @@ Sample = tuple[float, float, float]          # (calls, x, seconds)
 def initial_level(config: GravacConfig, compressor: Compressor) -> float:
     """The level calibration encodes at: the one the run starts compressing with (static: ``cf`` or a quantizer's
     own CF; gravac: ``theta_min``; accordion: ``high_compression``, else ``cf``)."""
-    if compressor.kind == Kind.QUANTIZED and "cf" not in config.model_fields_set:
+    if compressor.kind == Kind.QUANTIZED and config.cf is None:
         level = compressor.default_cf()
     elif config.mode == "gravac":
-        level = config.theta_min
+        level = config.gravac.theta_min
     elif config.mode == "accordion" and config.accordion.high_compression is not None:
         level = config.accordion.high_compression
     else:
-        level = config.cf
+        level = config.static_cf()
     return float(compressor.realize_cf(level))
 
 

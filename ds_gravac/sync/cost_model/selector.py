@@ -48,7 +48,7 @@ def chunk_limit(config: GravacConfig, compressor: Compressor) -> int:
     (their unit of compression is a bucket partition, whose scales chunking would change, and the parameter
     server has two rounds) and for strict decisions (every bucket is encoded before the agreement, so no encode
     is left to overlap a collective)."""
-    if compressor.kind == Kind.QUANTIZED or config.decision == "strict":
+    if compressor.kind == Kind.QUANTIZED or config.gravac.decision == "strict":
         return 1
     return config.cost_model.max_chunks
 
