@@ -8,23 +8,23 @@ from typing import Any, Iterator, Mapping, Optional, Union
 
 import torch
 
-from ..adapt import Controller, ControllerContext, build_controller
+from ..adapt import Controller, build_controller
 from ..adapt.auto.timing import measure_link
 from ..adapt.levels import classifier_shapes
 from ..compress.base import Compressor
 from ..config import GravacConfig, parse_config
 from ..errors import GravacConfigError
-from ..sync.buckets import Member, classify
+from ..sync.buckets import classify, sync_members
 from ..sync.collectives import Channels
 from ..sync.reduce_rule import ReduceRule
 from ..sync.synchronizer import Synchronizer
 from ..telemetry.sinks import JsonlSink
 from .. import version
 from .agreement import agree_config, agree_ok, agree_parameters
-from .engine_settings import MovedSettings, check_movable
+from .engine_settings import MovedSettings
 from .checkpoint import load_checkpoint, route_engine_checkpoints, save_checkpoint, unroute_engine_checkpoints
 from . import teardown
-from .build import build_compressor, reject_unimplemented, static_default_level
+from .build import build_compressor, check_optimizer_takeover, controller_context, reject_unimplemented
 from .shm_buffer import release_shm_buffer
 from .validation import validate_engine
 from .zero import ZeroBridge, zero_stage
@@ -80,11 +80,10 @@ class GravacHandle:
                                         "ds_gravac version": _version(), "world size": world}, None)
         agree_parameters(eng.module.named_parameters())
         release_shm_buffer(rank)    # every rank has mapped the peers' buffers by now (shm_buffer.py)
-        members = _members(cfg, comp, eng)
-        _check_compressible(cfg, members)
-        check_movable(eng, cfg, comp, [m.name for m in members if not m.compressible])
-        if getattr(comp, "ladder", "cf") == "uniform":     # before any plan: the classifier's factor width
-            comp.pin(classifier_shapes(_trainable(eng), comp.accepts, cfg.min_compress_numel))
+        named = _trainable(eng)
+        ready_compressor(cfg, comp, named)
+        check_optimizer_takeover(cfg, comp, [m.name for m in sync_members(named, cfg, comp) if not m.compressible],
+                                 float(eng.gradient_clipping() or 0.0))
         agree_ok(self._open_sink(rank), None)
         return comp
 
@@ -107,13 +106,8 @@ class GravacHandle:
             def remeasure() -> Any:
                 return measure_link(cm.probe_bytes, cm.probe_repeats, self.channels)
             link = remeasure()
-        self.controller.bind(ControllerContext(
-            world_size=world, samples_per_step=int(eng.train_micro_batch_size_per_gpu()
-                                                   * eng.gradient_accumulation_steps()),
-            realize_cf=comp.realize_cf, cf_grid=comp.cf_grid(), multilevel=comp.multilevel,
-            gain_kind=comp.gain_kind, level_kind=comp.level_kind, compressible=compressible, rank=rank,
-            default_level=static_default_level(cfg, comp),
-            cost_fits=lambda: _agreed_fits(self.sync, link), measure_link=remeasure))
+        self.controller.bind(controller_context(cfg, comp, eng, world, rank, compressible,
+                                                lambda: _agreed_fits(self.sync, link), remeasure))
 
     def _install(self) -> None:
         """The one place the engine changes: our gradient hooks in, ZeRO's out, the settings we apply ourselves
@@ -243,22 +237,26 @@ def _agreed_fits(sync: Synchronizer, link: Any) -> Any:
     return fits if fits is not None else link
 
 
-def _members(cfg: GravacConfig, comp: Compressor, engine: Any) -> list[Member]:
-    """The trainable tensors, classified as the synchronizer will (compressed or dense)."""
-    return classify(_trainable(engine), comp.accepts, cfg.min_compress_numel,
-                    cfg.mode != "dense" and comp.name != "none")
-
-
-def _check_compressible(cfg: GravacConfig, members: list[Member]) -> None:
+def check_compressible(cfg: GravacConfig, comp: Compressor, named: list[tuple[str, torch.Tensor]]) -> None:
     """Accordion and auto switch levels per compressed tensor: with nothing compressible they have nothing to
-    decide."""
-    if cfg.mode not in ("accordion", "auto") or any(m.compressible for m in members):
+    decide (``named``: the engine's trainable parameters)."""
+    if cfg.mode not in ("accordion", "auto"):
         return
-    largest = max((m.numel for m in members), default=0)
-    raise GravacConfigError(f"ds_gravac: mode '{cfg.mode}' needs at least one compressed tensor, but with "
-                            f"compressor '{cfg.compressor.type}' and min_compress_numel "
-                            f"{cfg.min_compress_numel} (largest tensor: {largest} elements) none is "
-                            f"compressed; lower min_compress_numel or use mode 'dense'")
+    if not any(m.compressible for m in classify(named, comp.accepts, cfg.min_compress_numel,
+                                                comp.name != "none")):
+        largest = max((p.numel() for _, p in named), default=0)
+        raise GravacConfigError(f"ds_gravac: mode '{cfg.mode}' needs at least one compressed tensor, but with "
+                                f"compressor '{cfg.compressor.type}' and min_compress_numel "
+                                f"{cfg.min_compress_numel} (largest tensor: {largest} elements) none is "
+                                f"compressed; lower min_compress_numel or use mode 'dense'")
+
+
+def ready_compressor(cfg: GravacConfig, comp: Compressor, named: list[tuple[str, torch.Tensor]]) -> None:
+    """Before any plan: refuse a mode with nothing to decide, and pin the uniform rank ladder's classifier
+    width (attach, and ``python -m ds_gravac.plan``)."""
+    check_compressible(cfg, comp, named)
+    if getattr(comp, "ladder", "cf") == "uniform":
+        comp.pin(classifier_shapes(named, comp.accepts, cfg.min_compress_numel))
 
 
 def _resolve_section(engine: Any, config: Union[Mapping[str, Any], GravacConfig, None]) -> Mapping[str, Any]:

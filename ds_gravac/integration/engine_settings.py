@@ -15,26 +15,8 @@ from ..compress.base import Compressor
 from ..compress.local_clipping import local_limit
 from ..compress.optimizers import optimizer_chain
 from ..config import GravacConfig
-from ..errors import GravacConfigError
 
 logger = logging.getLogger("ds_gravac")
-
-
-def check_movable(engine: Any, config: GravacConfig, comp: Compressor, dense: list[str]) -> None:
-    """Refusals of :meth:`MovedSettings.take`, checked before the engine is touched: a compressor that applies
-    momentum itself needs every tensor compressed (``dense``: the names sent dense) and, under the engine's
-    clipping, a ``clip_norm`` to take that clipping over."""
-    if not comp.owns_optimizer:
-        return
-    if dense:
-        raise GravacConfigError(f"ds_gravac: compressor '{config.compressor.type}' applies momentum "
-                                f"itself, so every tensor must be compressed; set min_compress_numel to 0 "
-                                f"(dense: {', '.join(dense[:5])}{'...' if len(dense) > 5 else ''})")
-    clip = float(engine.gradient_clipping() or 0.0)
-    if clip > 0.0 and not hasattr(comp.params, "clip_norm"):
-        raise GravacConfigError(f"ds_gravac: compressor '{config.compressor.type}' applies momentum "
-                                f"itself and has no clip_norm to take over gradient_clipping ({clip:g}); "
-                                f"set gradient_clipping to 0")
 
 
 class MovedSettings:
@@ -118,8 +100,8 @@ class MovedSettings:
         gradient — so its clipping would shrink DGC's steps where dense momentum SGD clips nothing (LSTM at
         ``gradient_clipping`` 0.25: perplexity 1,020 against dense's 145). DGC clips each rank's gradient before
         its momentum instead (its paper's local clipping), at the engine's threshold unless ``clip_norm`` is set,
-        and the engine's clipping is off while attached (:func:`check_movable` refused a compressor without
-        ``clip_norm``)."""
+        and the engine's clipping is off while attached (``build.check_optimizer_takeover`` refused a compressor
+        without ``clip_norm``)."""
         clip = float(self.engine.gradient_clipping() or 0.0)
         if clip <= 0.0:
             return
@@ -141,4 +123,4 @@ class MovedSettings:
             setattr(obj, attr, 0.0)
 
 
-__all__ = ["MovedSettings", "check_movable"]
+__all__ = ["MovedSettings"]
