@@ -51,6 +51,15 @@ def tiny_model(vocab_size: int = 197, block: int = 32) -> Any:
                                       resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
 
 
+def tiny_bert(vocab_size: int = 1000, num_labels: int = 2) -> Any:
+    """A 2-layer BERT classifier (randomly initialised, nothing downloaded), the encoder shape Hugging Face users
+    fine-tune: ``python -m ds_gravac.plan ds_configs/hf.json --model runners.train_hf:tiny_bert``."""
+    from transformers import BertConfig, BertForSequenceClassification
+    return BertForSequenceClassification(BertConfig(vocab_size=vocab_size, hidden_size=128, num_hidden_layers=2,
+                                                    num_attention_heads=2, intermediate_size=512,
+                                                    num_labels=num_labels))
+
+
 def build_trainer(ds_config: dict, output_dir: str, steps: int, seed: int = 0, callback: bool = True,
                   text: Optional[str] = None, block: int = 32, save_steps: int = 0) -> Any:
     """A Trainer on a 2-layer GPT-2-style model; with ``callback`` ds_gravac takes over gradient sync."""

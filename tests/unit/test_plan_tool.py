@@ -64,6 +64,17 @@ def test_default_config_bytes_follow_the_qsgd_format() -> None:
     assert report["predicted_s"] < report["predicted_dense_s"]
 
 
+def test_a_hugging_face_model_given_as_module_callable() -> None:
+    """The HF BERT example (``module:callable``): every trainable tensor planned, bytes at the default's ratio."""
+    from runners.train_hf import tiny_bert
+
+    out = plan(str(ROOT / "ds_configs" / "hf.json"), "--model", "runners.train_hf:tiny_bert", "--json")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert sum(r["numel"] for r in report["rows"]) == sum(p.numel() for p in tiny_bert().parameters())
+    assert report["refusals"] == [] and 0.25 < report["ratio"] < 0.27
+
+
 def test_dense_config_reads_ratio_one() -> None:
     out = plan(str(ROOT / "ds_configs" / "dense.json"), "--model", "resnet18", "--rate", "100mbit")
     assert out.returncode == 0, out.stderr
