@@ -81,7 +81,6 @@ def main(task: Task, parse: Callable[[], argparse.Namespace]) -> None:
     except RunnerError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)
-    exit_without_finalization()
 
 
 def run(task: Task, args: argparse.Namespace) -> None:
@@ -116,21 +115,6 @@ def shutdown(system: System) -> None:
     if tdist.is_initialized():
         tdist.barrier()
         tdist.destroy_process_group()
-
-
-def exit_without_finalization() -> None:
-    """Leave a finished run without Python's interpreter finalization.
-
-    Gloo's worker threads release finished works (and the tensors in them) a moment after completing them; a
-    release that needs the GIL while the interpreter is finalizing ends that C++ thread with "terminate called
-    without an active exception" and the launcher reports return code -6 for a run that trained correctly.
-    ``shutdown`` already ends every rank together and destroys the process groups, which leaves that window
-    rare but not closed (1 to 3 runs in a hundred on the emulated 100 Mbit/s cluster). Everything a run writes
-    is closed by then (metrics, wandb, checkpoints), so the process flushes its streams and exits with 0
-    without finalizing the interpreter."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 def _build(task: Task, args: argparse.Namespace, cfg: dict[str, Any], dist: DistInfo) -> System:

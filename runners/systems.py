@@ -29,6 +29,7 @@ from torch import nn
 
 from .common import DistInfo, RunnerError, without_gravac
 from .ddp_comm import CommScheme, PowerSGD, scheme_for
+from .ds_optim import build_optimizer, build_scheduler
 from .grad_jitter import jitter_gradients_
 from .schedule import scheduler_factory
 
@@ -313,41 +314,6 @@ def read_latest_tag(save_dir: str) -> str:
         raise RunnerError(f"--resume {save_dir}: no 'latest' file there (not a checkpoint directory?)")
     with open(path, encoding="utf-8") as f:
         return f.read().strip()
-
-
-# ---- optimizer and schedule from the DeepSpeed config (DDP systems) --------------------------------------
-
-
-def build_optimizer(cfg: dict[str, Any], params: Any) -> torch.optim.Optimizer:
-    """The config's ``optimizer`` section as a torch optimizer: ``torch.optim`` names as DeepSpeed accepts
-    them, and DeepSpeed's ``adam``/``adamw`` mapped to torch's (AdamW unless ``adam_w_mode`` is false)."""
-    section = cfg.get("optimizer")
-    if not section:
-        raise RunnerError("the DeepSpeed config has no 'optimizer' section (runners pass no client optimizer)")
-    name, kwargs = section["type"], dict(section.get("params", {}))
-    kwargs.pop("torch_adam", None)
-    if name.lower() in ("adam", "adamw"):
-        cls = torch.optim.AdamW if kwargs.pop("adam_w_mode", True) or name.lower() == "adamw" else torch.optim.Adam
-    else:
-        cls = getattr(torch.optim, name, None) or next(
-            (getattr(torch.optim, n) for n in dir(torch.optim) if n.lower() == name.lower()), None)
-    if cls is None:
-        raise RunnerError(f"optimizer type {name!r} has no torch equivalent for the DDP systems")
-    return cls(params, **kwargs)
-
-
-def build_scheduler(cfg: dict[str, Any], optimizer: torch.optim.Optimizer) -> Any:
-    """Same lookup as DeepSpeed's ``_scheduler_from_config``: its own schedules first, then torch's."""
-    section = cfg.get("scheduler")
-    if not section:
-        return None
-    from deepspeed.runtime import lr_schedules
-
-    name = section["type"]
-    cls = getattr(lr_schedules, name, None) or getattr(torch.optim.lr_scheduler, name, None)
-    if cls is None:
-        raise RunnerError(f"unknown LR scheduler {name!r}")
-    return cls(optimizer, **section.get("params", {}))
 
 
 # ---- construction ---------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
     deepspeed --num_gpus 2 runners/train_hf.py --deepspeed_config ds_configs/hf.json --steps 20
 
 No downloaded weights or tokenizers: the vocabulary is built from the training text (a local file given with
-``--text-file``, else a deterministic synthetic Markov-chain text from ``runners.data``).
+``--text-file``, else a deterministic synthetic Markov-chain text from ``runners.text_data``).
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def word_vocab(text: str) -> dict[str, int]:
 
 
 def synthetic_text(num_tokens: int, seed: int) -> str:
-    from runners.data import SyntheticTokenStream
+    from runners.text_data import SyntheticTokenStream
     stream = SyntheticTokenStream(vocab_size=200, num_tokens=num_tokens, seed=seed)
     return " ".join(f"w{int(t)}" for t in stream.tokens)
 
@@ -43,18 +43,34 @@ class BlockDataset(torch.utils.data.Dataset):
         return {"input_ids": self.blocks[i], "labels": self.blocks[i]}
 
 
+def tiny_model(vocab_size: int = 197, block: int = 32) -> Any:
+    """The 2-layer GPT-2-style model the Trainer trains (the default vocabulary: the synthetic text's at seed 0),
+    e.g. for ``python -m ds_gravac.plan ds_configs/hf.json --model runners.train_hf:tiny_model``."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    return GPT2LMHeadModel(GPT2Config(vocab_size=vocab_size, n_positions=block, n_embd=32, n_layer=2, n_head=2,
+                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+
+
+def tiny_bert(vocab_size: int = 1000, num_labels: int = 2) -> Any:
+    """A 2-layer BERT classifier (randomly initialised, nothing downloaded), the encoder shape Hugging Face users
+    fine-tune: ``python -m ds_gravac.plan ds_configs/hf.json --model runners.train_hf:tiny_bert``."""
+    from transformers import BertConfig, BertForSequenceClassification
+    return BertForSequenceClassification(BertConfig(vocab_size=vocab_size, hidden_size=128, num_hidden_layers=2,
+                                                    num_attention_heads=2, intermediate_size=512,
+                                                    num_labels=num_labels))
+
+
 def build_trainer(ds_config: dict, output_dir: str, steps: int, seed: int = 0, callback: bool = True,
                   text: Optional[str] = None, block: int = 32, save_steps: int = 0) -> Any:
     """A Trainer on a 2-layer GPT-2-style model; with ``callback`` ds_gravac takes over gradient sync."""
-    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+    from transformers import Trainer, TrainingArguments
 
     import ds_gravac
     text = text if text is not None else synthetic_text(20000, seed)
     vocab = word_vocab(text)
     ids = torch.tensor([vocab[w] for w in text.split()], dtype=torch.long)
     torch.manual_seed(seed)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(vocab), n_positions=block, n_embd=32, n_layer=2, n_head=2,
-                                       resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    model = tiny_model(len(vocab), block)
     micro = int(ds_config.get("train_micro_batch_size_per_gpu", 4))
     gas = int(ds_config.get("gradient_accumulation_steps", 1))
     args = TrainingArguments(output_dir=output_dir, use_cpu=True, deepspeed=ds_config, max_steps=steps,

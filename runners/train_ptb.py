@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from runners import data as D
+from runners import text_data as T
 from runners.common import DistInfo, RunnerError, base_parser, finish_parser
 from runners.loop import AllSum, Task, main
 from runners.models import LSTM_PRESETS, build_model, detach_hidden
@@ -46,25 +47,25 @@ class PTBTask(Task):
     name = "train_ptb"
 
     def __init__(self) -> None:
-        self.corpus: Optional[D.LMCorpus] = None
+        self.corpus: Optional[T.LMCorpus] = None
         self.hidden: Any = None
 
     def check_data(self, args: argparse.Namespace) -> None:
         if args.dataset == "ptb":
             try:
-                self.corpus = D.load_ptb(args.data_dir)
+                self.corpus = T.load_ptb(args.data_dir)
             except FileNotFoundError as exc:
                 raise RunnerError(f"{exc} Put the PTB text files there or use --dataset synthetic.") from None
 
     def setup(self, args: argparse.Namespace, dist: DistInfo, micro_batch: int, device: torch.device) -> None:
         self.args, self.device, self.mb = args, device, micro_batch
         if self.corpus is None:
-            self.corpus = D.SyntheticTokenStream(args.vocab_size, args.synthetic_tokens, seed=args.seed,
+            self.corpus = T.SyntheticTokenStream(args.vocab_size, args.synthetic_tokens, seed=args.seed,
                                                  zipf=args.synthetic_zipf).corpus()
         shard = D.RankShard(dist.rank, dist.world_size)
         try:
-            self.train = D.batchify(shard.tokens(self.corpus.train), micro_batch).to(device)
-            self.valid = D.batchify(shard.tokens(self.corpus.valid), EVAL_BATCH).to(device)
+            self.train = T.batchify(shard.tokens(self.corpus.train), micro_batch).to(device)
+            self.valid = T.batchify(shard.tokens(self.corpus.valid), EVAL_BATCH).to(device)
         except ValueError as exc:
             raise RunnerError(f"token stream too short for {dist.world_size} ranks: {exc}") from None
         self.starts = list(range(0, self.train.size(0) - 1, args.bptt))
@@ -77,7 +78,7 @@ class PTBTask(Task):
     def micro_batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
         """BPTT window ``index`` of the endless stream; the flag marks an epoch start (fresh hidden state)."""
         epoch, j = divmod(index, len(self.starts))
-        data, target = D.get_bptt_batch(self.train, self.starts[j], self.args.bptt)
+        data, target = T.get_bptt_batch(self.train, self.starts[j], self.args.bptt)
         return data, target, j == 0
 
     def loss(self, system: System, batch: tuple[torch.Tensor, torch.Tensor, bool]) -> torch.Tensor:
@@ -96,7 +97,7 @@ class PTBTask(Task):
         for n, i in enumerate(starts):
             if 0 < max_batches <= n:
                 break
-            data, target = D.get_bptt_batch(self.valid, i, self.args.bptt)
+            data, target = T.get_bptt_batch(self.valid, i, self.args.bptt)
             logits, hidden = module(data, hidden)
             loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), target.reshape(-1), reduction="sum")
             sums += torch.tensor([loss.item(), target.numel()], dtype=torch.float64)

@@ -1,14 +1,13 @@
 """Controllers: they decide (StepDecision), the synchronizer executes."""
 from __future__ import annotations
 
-from typing import Any
-
+from ..config import GravacConfig
 from ..errors import GravacConfigError
 from .base import AgreedStats, Controller, ControllerContext, StepDecision
 from .static import DenseController, StaticController
 
 
-def build_controller(config: Any) -> Controller:
+def build_controller(config: GravacConfig) -> Controller:
     """Controller for ``config.mode``."""
     if config.mode == "dense":
         return DenseController(config)

@@ -20,6 +20,7 @@ from typing import Any, Mapping, Optional
 
 import torch
 
+from ..config import GravacConfig
 from ..errors import GravacConfigError
 from .base import BRANCH_CODES, Controller, ControllerContext, StepDecision
 from ..compress.kinds import LevelKind
@@ -34,7 +35,7 @@ class AccordionController(Controller):
 
     mode = "accordion"
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: GravacConfig) -> None:
         super().__init__(config)
         acc = config.accordion
         if acc.interval_steps is None:

@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 
+from ..config import GravacConfig
 from ..compress.base import stable_hash
 from ..compress.kinds import GainKind, LevelKind, Multilevel
 from ..telemetry.stats import MAX_PROBES, AgreedStats
@@ -91,7 +92,7 @@ class Controller:
 
     mode: str = "static"
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: GravacConfig) -> None:
         self.config = config
         self.ctx: Optional[ControllerContext] = None
         self._events: collections.deque[dict[str, Any]] = collections.deque(maxlen=EVENTS_KEPT)

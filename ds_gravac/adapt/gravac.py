@@ -17,6 +17,7 @@ import math
 from typing import Any, Mapping, Optional
 
 from ..compress.kinds import GainKind
+from ..config import GravacConfig
 from .base import BRANCH_CODES, MAX_PROBES, AgreedStats, Branch, Controller, ControllerContext, StepDecision
 from .gravac_records import CandidateSequence, GainRecord, Phase, ThroughputRecord
 from .gravac_state import gravac_state_dict, load_gravac_state
@@ -30,7 +31,7 @@ MAX_TABLE_REFRESH = 8          # R6: up to 8 table CFs + the next candidate (wit
 NAN = float("nan")
 
 
-def default_alpha(config: Any, world_size: int) -> float:
+def default_alpha(config: GravacConfig, world_size: int) -> float:
     """``ewma_alpha`` or ``clamp(N/100, ewma_alpha_range)``: more ranks average more noise away per step."""
     if config.gravac.ewma_alpha is not None:
         return float(config.gravac.ewma_alpha)
@@ -43,12 +44,12 @@ def cf_key(cf: float) -> str:
     return format(cf, "g")
 
 
-def _compressor_name(config: Any) -> str:
+def _compressor_name(config: GravacConfig) -> str:
     spec = getattr(config, "compressor", None)
     return str(getattr(spec, "type", spec) or "?")
 
 
-def _compressor_params(config: Any) -> Mapping[str, Any]:
+def _compressor_params(config: GravacConfig) -> Mapping[str, Any]:
     return getattr(getattr(config, "compressor", None), "params", None) or {}
 
 
@@ -61,7 +62,7 @@ class GravacController(Controller):
 
     mode = "gravac"
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: GravacConfig) -> None:
         super().__init__(config)
         self.i0 = 1 + int(config.warmup_steps)
         self.window = int(config.gravac.window)

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, Sequence
 
+from ..compress.base import Compressor
 from ..compress.kinds import GainKind, LevelKind
+from ..config import AccordionConfig, GravacConfig
 from ..compress.lowrank import uniform_levels
 from ..errors import GravacConfigError
 
@@ -34,7 +36,8 @@ def _cfs(levels: Sequence[float]) -> str:
     return ", ".join(f"{v:g}" for v in levels)
 
 
-def gravac_range(config: Any, name: str, level_kind: LevelKind, gain_kind: GainKind, grid: Optional[Sequence[float]],
+def gravac_range(config: GravacConfig, name: str, level_kind: LevelKind, gain_kind: GainKind,
+                 grid: Optional[Sequence[float]],
                  realize: Realize, static_only: bool = False) -> tuple[float, float]:
     """``(θ_min0, θ_max)`` GraVAC searches with this compressor; a :class:`GravacConfigError` when it cannot
     drive it (levels are ranks, no meaningful gain, a single CF, or a level that does not steer the payload)."""
@@ -71,7 +74,7 @@ def gravac_range(config: Any, name: str, level_kind: LevelKind, gain_kind: GainK
     return lo, hi
 
 
-def accordion_levels(acc: Any, name: str, level_kind: LevelKind, grid: Optional[Sequence[float]],
+def accordion_levels(acc: AccordionConfig, name: str, level_kind: LevelKind, grid: Optional[Sequence[float]],
                      realize: Realize) -> tuple[float, float]:
     """Accordion's ``(low, high)`` compression levels (CFs or ranks) for this compressor, validated."""
     kind = LevelKind.RANK if level_kind == LevelKind.RANK else LevelKind.CF
@@ -103,7 +106,7 @@ def accordion_levels(acc: Any, name: str, level_kind: LevelKind, grid: Optional[
     return float(realize(low)), float(realize(high))
 
 
-def uniform_bound(config: Any) -> float:
+def uniform_bound(config: GravacConfig) -> float:
     """θ_min of GraVAC over the uniform rank ladder: the configured one snapped up to a rung, else the first rung
     (rank 64). It fixes the widest factors (the largest rank the run can ask for)."""
     levels = uniform_levels()
@@ -121,7 +124,7 @@ def classifier_shapes(named_params: Sequence[tuple[str, Any]], accepts: Callable
     return shapes[-1:]
 
 
-def check_rank_ladder(config: Any, compressor: Any) -> None:
+def check_rank_ladder(config: GravacConfig, compressor: Compressor) -> None:
     """``rank_ladder: "uniform"`` only means something for GraVAC over a low-rank compressor."""
     if config.gravac.rank_ladder == "cf" or compressor.ladder == "uniform":
         return
@@ -132,7 +135,7 @@ def check_rank_ladder(config: Any, compressor: Any) -> None:
                             f"'uniform'")
 
 
-def check_auto(config: Any, name: str) -> None:
+def check_auto(config: GravacConfig, name: str) -> None:
     """``mode: "auto"`` drives PowerSGD's rank per layer group: other compressors, and a fixed ``rank`` it would
     ignore, are refused."""
     if name not in AUTO_COMPRESSORS:
@@ -145,7 +148,7 @@ def check_auto(config: Any, name: str) -> None:
                                 f"layer group; remove the key")
 
 
-def check_mode(config: Any, compressor: Any) -> None:
+def check_mode(config: GravacConfig, compressor: Compressor) -> None:
     """Attach-time check that ``config.mode`` can drive ``compressor`` with the configured levels."""
     check_rank_ladder(config, compressor)
     name = config.compressor.type

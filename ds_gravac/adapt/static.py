@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Controller, StepDecision
+from ..config import GravacConfig
+from .base import AgreedStats, Controller, ControllerContext, StepDecision
 
 
 class DenseController(Controller):
@@ -22,12 +23,12 @@ class StaticController(Controller):
 
     mode = "static"
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: GravacConfig) -> None:
         super().__init__(config)
         self.level = config.static_cf()
         self.last_gain = float("nan")
 
-    def bind(self, ctx: Any) -> None:
+    def bind(self, ctx: ControllerContext) -> None:
         super().bind(ctx)
         if ctx.default_level is not None:
             self.level = float(ctx.default_level)      # low-rank: the rank; quantizers without "cf": their own CF
@@ -43,7 +44,7 @@ class StaticController(Controller):
         probes = (self.level,) if self.config.log_interval and every and step % every == 0 else ()
         return StepDecision(step=step, branch="cand", send_level=self.level, probe_levels=probes)
 
-    def observe(self, stats: Any) -> None:
+    def observe(self, stats: AgreedStats) -> None:
         if stats.decision.probe_levels and stats.den > 0:
             self.last_gain = stats.nums[0] / stats.den
 

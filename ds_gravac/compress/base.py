@@ -92,6 +92,9 @@ class Compressor:
     # indices drawn from a stream every rank shares (Random-k): the ranks compare digests of :meth:`indices` at
     # the first compressed step, so a seed or library mismatch fails at once instead of summing garbage
     shared_indices: ClassVar[bool] = False
+    # owns_optimizer only: the compressor clips each rank's gradient itself (DGC's clip_norm), so it can take the
+    # engine's gradient_clipping over (:meth:`take_clipping`); attach refuses a non-zero clipping otherwise
+    clips_locally: ClassVar[bool] = False
     # projections that report each component's energy of the applied aggregate (component_energies): GraVAC's
     # gain_denominator "aggregate" needs them (low-rank compressors)
     aggregate_gain: ClassVar[bool] = False
@@ -153,11 +156,10 @@ class Compressor:
         """The per-rank clipping threshold the compressor applies itself (0: it clips nothing)."""
         return 0.0
 
-    def take_clipping(self, clip: float) -> bool:
-        """``owns_optimizer`` only, at attach: apply the engine's clipping threshold ``clip`` to each rank's
-        gradient instead of DeepSpeed (unless the compressor's own threshold is set). ``False``: this compressor
-        cannot clip, and attach refuses a non-zero ``gradient_clipping``."""
-        return False
+    def take_clipping(self, clip: float) -> None:
+        """``clips_locally`` only, at attach: apply the engine's clipping threshold ``clip`` to each rank's
+        gradient instead of DeepSpeed (unless the compressor's own threshold is set)."""
+        raise NotImplementedError(f"ds_gravac: compressor '{self.name}' does not clip gradients itself")
 
     @property
     def server_error_feedback(self) -> bool:
@@ -263,7 +265,7 @@ class Compressor:
 
 
 REQUIRED_ATTRS = ("name", "Params", "kind", "rounds", "owns_state", "level_kind", "multilevel", "gain_kind",
-                  "server_reencode", "owns_optimizer", "static_only", "update_space", "shared_indices",
+                  "server_reencode", "owns_optimizer", "static_only", "update_space", "shared_indices", "clips_locally",
                   "aggregate_gain", "Memory", "exchange", "ladder", "applies_weight_decay",
                   "clip_norm", "server_error_feedback")
 REQUIRED_METHODS = ("make_plan", "compress", "decompress", "accepts", "cf_grid", "realize_cf", "sent_sq_norm",

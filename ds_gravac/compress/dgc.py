@@ -107,6 +107,7 @@ class DGC(SparseCompressor):
     Params = DGCParams
     owns_state = True
     owns_optimizer = True   # momentum and weight decay move into the compressor (the optimizer runs plain SGD)
+    clips_locally = True    # and the engine's gradient clipping, per rank before the momentum (clip_norm)
     Memory = DGCMemory
 
     def __init__(self, params: Optional[DGCParams] = None) -> None:
@@ -122,10 +123,9 @@ class DGC(SparseCompressor):
     def clip_norm(self) -> float:
         return float(self.params.clip_norm)
 
-    def take_clipping(self, clip: float) -> bool:
+    def take_clipping(self, clip: float) -> None:
         if self.params.clip_norm == 0.0:
             self.params = self.params.model_copy(update={"clip_norm": clip})
-        return True
 
     def check_engine(self, engine: Any) -> None:
         m = self.params.momentum

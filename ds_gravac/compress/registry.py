@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 import re
 from importlib.metadata import entry_points
-from typing import Callable, Optional, TypeVar, Union
+from typing import Any, Callable, Optional, TypeVar, Union
 
 from ..errors import GravacConfigError
 from .base import Compressor, check_contract
@@ -88,13 +88,18 @@ def registered_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def import_target(spec: str) -> Any:
+    """``"package.module:attr"``: the object it names (ImportError or AttributeError when there is none)."""
+    module_name, _, attr = spec.partition(":")
+    return getattr(importlib.import_module(module_name), attr)
+
+
 def lookup(name: str) -> type[Compressor]:
     """Resolve a config ``type``: a registered name or ``"package.module:ClassName"``."""
     _load_builtins()
     if ":" in name:
-        module_name, _, attr = name.partition(":")
         try:
-            cls = getattr(importlib.import_module(module_name), attr)
+            cls = import_target(name)
         except (ImportError, AttributeError) as exc:
             raise GravacConfigError(f"ds_gravac: cannot import compressor plug-in '{name}': {exc}") from exc
         try:

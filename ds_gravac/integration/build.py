@@ -2,11 +2,12 @@
 bind its levels to the mode (the "build" stage of attach; ``engine.attach`` installs it)."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Callable, Optional, Sequence
 
 from pydantic import ValidationError
 
 from ..adapt.auto.ladder import RANKS as AUTO_RANKS
+from ..adapt.base import ControllerContext
 from ..adapt.levels import DEFAULT_LEVELS, check_mode, uniform_bound
 from ..compress.base import Compressor, Kind, LevelKind
 from ..compress.registry import lookup
@@ -75,4 +76,33 @@ def rank_level_bound(config: GravacConfig, comp: Compressor) -> tuple[str, float
     return LevelKind.RANK, rank
 
 
-__all__ = ["build_compressor", "rank_level_bound", "reject_unimplemented", "static_default_level"]
+def controller_context(config: GravacConfig, comp: Compressor, engine: Any, world_size: int, rank: int,
+                       compressible: tuple[str, ...], cost_fits: Optional[Callable[[], Any]] = None,
+                       measure_link: Optional[Callable[[], Any]] = None) -> ControllerContext:
+    """The static facts a controller is bound with (attach, and ``python -m ds_gravac.plan`` for one rank)."""
+    return ControllerContext(
+        world_size=world_size, samples_per_step=int(engine.train_micro_batch_size_per_gpu()
+                                                    * engine.gradient_accumulation_steps()),
+        realize_cf=comp.realize_cf, cf_grid=comp.cf_grid(), multilevel=comp.multilevel,
+        gain_kind=comp.gain_kind, level_kind=comp.level_kind, compressible=compressible, rank=rank,
+        default_level=static_default_level(config, comp), cost_fits=cost_fits, measure_link=measure_link)
+
+
+def check_optimizer_takeover(config: GravacConfig, comp: Compressor, dense: Sequence[str], clip: float) -> None:
+    """A compressor that applies momentum itself (DGC) takes the optimizer's momentum and the engine's clipping
+    over: every tensor must then be compressed (``dense``: the names sent dense), and a clipping threshold needs
+    a compressor that clips each rank's gradient itself (``clips_locally``: DGC's ``clip_norm``)."""
+    if not comp.owns_optimizer:
+        return
+    if dense:
+        raise GravacConfigError(f"ds_gravac: compressor '{config.compressor.type}' applies momentum "
+                                f"itself, so every tensor must be compressed; set min_compress_numel to 0 "
+                                f"(dense: {', '.join(dense[:5])}{'...' if len(dense) > 5 else ''})")
+    if clip > 0.0 and not comp.clips_locally:
+        raise GravacConfigError(f"ds_gravac: compressor '{config.compressor.type}' applies momentum "
+                                f"itself and has no clip_norm to take over gradient_clipping ({clip:g}); "
+                                f"set gradient_clipping to 0")
+
+
+__all__ = ["build_compressor", "check_optimizer_takeover", "controller_context", "rank_level_bound",
+           "reject_unimplemented", "static_default_level"]

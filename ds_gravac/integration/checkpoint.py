@@ -13,18 +13,39 @@ from __future__ import annotations
 import logging
 import os
 from types import MethodType
-from typing import Any, Mapping, Optional
+from typing import Any, ContextManager, Mapping, Optional, Protocol
 
 import torch
 import torch.distributed as tdist
 
-from ..config import SPARSIFIER_CF, parse_config
+from ..adapt.base import Controller
+from ..compress.base import Compressor
+from ..config import SPARSIFIER_CF, GravacConfig, parse_config
 from ..errors import GravacConfigError, GravacError
+from ..sync.synchronizer import Synchronizer
 from .. import version
 
 logger = logging.getLogger("ds_gravac")
 FORMAT = 2
 CLIENT_KEY = "gravac"
+
+
+class CheckpointedHandle(Protocol):
+    """What checkpointing reads of a handle (``engine.GravacHandle``; a protocol, so this module does not import
+    the one that routes the engine's checkpoint calls here)."""
+
+    engine: Any                        # a DeepSpeed engine
+    config: GravacConfig
+    compressor: Optional[Compressor]
+    controller: Optional[Controller]
+    sync: Optional[Synchronizer]
+    routed_checkpoint_attributes: dict[str, Any]
+
+    def engine_settings(self) -> ContextManager[None]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
 
 
 def rank_file(directory: str, rank: int) -> str:
@@ -36,7 +57,7 @@ def _version() -> str:
     return version.__version__
 
 
-def handle_state(handle: Any) -> dict[str, Any]:
+def handle_state(handle: CheckpointedHandle) -> dict[str, Any]:
     """``{"replicated": ..., "local": ...}`` of an attached handle."""
     sync, comp = handle.sync, handle.compressor
     if sync is None:
@@ -82,7 +103,7 @@ def _current_form(saved: Any) -> Optional[dict[str, Any]]:
         return dict(saved)
 
 
-def _report_differences(handle: Any, rep: Mapping[str, Any]) -> None:
+def _report_differences(handle: CheckpointedHandle, rep: Mapping[str, Any]) -> None:
     version = rep.get("version")
     if version is not None and version != _version():
         logger.warning("ds_gravac: checkpoint written by ds_gravac %s, this is %s", version, _version())
@@ -93,7 +114,7 @@ def _report_differences(handle: Any, rep: Mapping[str, Any]) -> None:
                        ": " + "; ".join(diffs) if diffs else "")
 
 
-def check_world_size(handle: Any, state: Mapping[str, Any], world_size: int) -> bool:
+def check_world_size(handle: CheckpointedHandle, state: Mapping[str, Any], world_size: int) -> bool:
     """Whether the per-rank state was written at this world size; applies ``on_world_size_change``."""
     rep, local = state.get("replicated") or {}, state.get("local") or {}
     old = local.get("world_size", rep.get("world_size"))
@@ -107,7 +128,7 @@ def check_world_size(handle: Any, state: Mapping[str, Any], world_size: int) -> 
     return False
 
 
-def load_handle_state(handle: Any, state: Mapping[str, Any]) -> None:
+def load_handle_state(handle: CheckpointedHandle, state: Mapping[str, Any]) -> None:
     """Restore replicated state exactly; per-rank state only when world size, format and compressor match."""
     rep, local = state.get("replicated") or {}, state.get("local") or {}
     sync = handle.sync
@@ -133,7 +154,7 @@ def load_handle_state(handle: Any, state: Mapping[str, Any]) -> None:
                           "aggregate_gain": local.get("aggregate_gain")}, memory=usable)
 
 
-def save_checkpoint(handle: Any, save_dir: str, tag: Optional[str], client_state: Optional[dict],
+def save_checkpoint(handle: CheckpointedHandle, save_dir: str, tag: Optional[str], client_state: Optional[dict],
                     *ds_args: Any, **ds_kwargs: Any) -> Any:
     """DeepSpeed checkpoint with our replicated state, then per-rank files (tmp + os.replace), then barrier."""
     state = handle.state_dict()
@@ -168,7 +189,7 @@ def read_rank_file(directory: str, rank: int) -> Optional[dict[str, Any]]:
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
-def load_checkpoint(handle: Any, load_dir: str, tag: Optional[str], *ds_args: Any, **ds_kwargs: Any) -> Any:
+def load_checkpoint(handle: CheckpointedHandle, load_dir: str, tag: Optional[str], *ds_args: Any, **ds_kwargs: Any) -> Any:
     """DeepSpeed load, then our replicated state (client_state, else the per-rank copy), then per-rank state.
 
     A passive handle (world size 1) restores nothing, but still applies ``on_world_size_change`` to a
@@ -202,7 +223,7 @@ def load_checkpoint(handle: Any, load_dir: str, tag: Optional[str], *ds_args: An
 ROUTED = ("save_checkpoint", "load_checkpoint")
 
 
-def route_engine_checkpoints(handle: Any) -> None:
+def route_engine_checkpoints(handle: CheckpointedHandle) -> None:
     """While attached, ``engine.save_checkpoint`` / ``load_checkpoint`` are the handle's, so a DeepSpeed script
     that knows nothing of ds_gravac (or the Hugging Face Trainer, which calls the engine's) saves and restores the
     residuals and controller state, and records the engine's own momentum and clipping rather than the zeros DGC
@@ -222,7 +243,7 @@ def route_engine_checkpoints(handle: Any) -> None:
     engine.save_checkpoint, engine.load_checkpoint = save, load
 
 
-def unroute_engine_checkpoints(handle: Any) -> None:
+def unroute_engine_checkpoints(handle: CheckpointedHandle) -> None:
     """DeepSpeed's own methods back on the engine (at detach)."""
     engine = handle.engine
     for name, own in (getattr(handle, "routed_checkpoint_attributes", None) or {}).items():
@@ -233,7 +254,7 @@ def unroute_engine_checkpoints(handle: Any) -> None:
     handle.routed_checkpoint_attributes = {}
 
 
-def deepspeed_method(handle: Any, name: str) -> Any:
+def deepspeed_method(handle: CheckpointedHandle, name: str) -> Any:
     """DeepSpeed's ``save_checkpoint`` / ``load_checkpoint`` of the handle's engine, never the routed one."""
     engine, routed = handle.engine, getattr(handle, "routed_checkpoint_attributes", None) or {}
     if name not in routed:

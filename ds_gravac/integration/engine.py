@@ -8,24 +8,23 @@ from typing import Any, Iterator, Mapping, Optional, Union
 
 import torch
 
-from ..adapt import Controller, ControllerContext, build_controller
+from ..adapt import Controller, build_controller
 from ..adapt.auto.timing import measure_link
 from ..adapt.levels import classifier_shapes
 from ..compress.base import Compressor
-from ..compress.local_clipping import local_limit
-from ..compress.optimizers import optimizer_chain
 from ..config import GravacConfig, parse_config
 from ..errors import GravacConfigError
-from ..sync.buckets import classify
+from ..sync.buckets import classify, sync_members
 from ..sync.collectives import Channels
 from ..sync.reduce_rule import ReduceRule
 from ..sync.synchronizer import Synchronizer
 from ..telemetry.sinks import JsonlSink
 from .. import version
 from .agreement import agree_config, agree_ok, agree_parameters
+from .engine_settings import MovedSettings
 from .checkpoint import load_checkpoint, route_engine_checkpoints, save_checkpoint, unroute_engine_checkpoints
 from . import teardown
-from .build import build_compressor, reject_unimplemented, static_default_level
+from .build import build_compressor, check_optimizer_takeover, controller_context, reject_unimplemented
 from .shm_buffer import release_shm_buffer
 from .validation import validate_engine
 from .zero import ZeroBridge, zero_stage
@@ -42,7 +41,12 @@ def _version() -> str:
 
 
 class GravacHandle:
-    """One per engine: owns the synchronizer, compressor, controller and telemetry."""
+    """One per engine: owns the synchronizer, compressor, controller and telemetry.
+
+    ``attach`` runs three stages: :meth:`_validate` (every check and every cross-rank agreement; nothing of the
+    engine changes, so a refusal leaves it as it was), :meth:`_build` (ds_gravac's own objects: groups, controller,
+    synchronizer), and :meth:`_install`, the one place the engine is changed; :meth:`detach` undoes exactly what
+    :meth:`_install` did, in reverse order."""
 
     def __init__(self, engine: Any, config: GravacConfig, section: Mapping[str, Any]) -> None:
         self.engine = engine
@@ -53,35 +57,46 @@ class GravacHandle:
         self.controller: Optional[Controller] = None
         self.sync: Optional[Synchronizer] = None
         self.channels: Optional[Channels] = None
+        self.settings: Optional[MovedSettings] = None
         self._sink: Optional[JsonlSink] = None
-        self._moved_hyperparams: list[tuple[dict, str, Any]] = []
-        self._moved_clipping: list[tuple[Any, str, float]] = []     # (object, attribute, the engine's value)
         self.zero: Optional[ZeroBridge] = None
         self.routed_checkpoint_attributes: dict[str, Any] = {}     # while routed here: what detach puts back
 
-    # ---- lifecycle --------------------------------------------------------------------------------------
+    # ---- lifecycle: validate -> build -> install; detach ----------------------------------------------
     def _activate(self, bucket_order: Optional[list[int]] = None) -> None:
         import deepspeed.comm as dist
+        world, rank = dist.get_world_size(), dist.get_rank()
+        comp = self._validate(world, rank)
+        self._build(comp, world, rank, bucket_order)
+        self._install()
+
+    def _validate(self, world: int, rank: int) -> Compressor:
+        """Every check and agreement attach makes, before anything of the engine changes; returns the compressor
+        (bound to the model: the uniform rank ladder pins the classifier's factor width here)."""
         eng, cfg = self.engine, self.config
         comp = build_compressor(cfg)
         comp.check_engine(eng)
-        world, rank = dist.get_world_size(), dist.get_rank()
         agree_config(cfg.normalized(), {"compressor class": f"{type(comp).__module__}.{type(comp).__qualname__}",
                                         "ds_gravac version": _version(), "world size": world}, None)
         agree_parameters(eng.module.named_parameters())
         release_shm_buffer(rank)    # every rank has mapped the peers' buffers by now (shm_buffer.py)
-        _check_compressible(cfg, comp, eng)
-        if comp.ladder == "uniform":     # before any plan: the classifier's factor width
-            comp.pin(classifier_shapes(_trainable(eng), comp.accepts, cfg.min_compress_numel))
-        sink_problem = self._open_sink(rank)
-        agree_ok(sink_problem, None)
+        named = _trainable(eng)
+        ready_compressor(cfg, comp, named)
+        check_optimizer_takeover(cfg, comp, [m.name for m in sync_members(named, cfg, comp) if not m.compressible],
+                                 float(eng.gradient_clipping() or 0.0))
+        agree_ok(self._open_sink(rank), None)
+        return comp
+
+    def _build(self, comp: Compressor, world: int, rank: int, bucket_order: Optional[list[int]]) -> None:
+        """ds_gravac's own objects; collectives among the ranks (groups, calibration), no change to the engine."""
+        eng, cfg = self.engine, self.config
         self.compressor = comp
         self.channels = Channels.create(cfg.timeout_s)
         teardown.track(self)
         self.controller = build_controller(cfg)
-        rule = ReduceRule.from_engine(eng, world)
-        self.sync = Synchronizer(eng, cfg, comp, self.controller, self.channels, rule, bucket_order,
-                                 on_record=self._on_record)
+        self.sync = Synchronizer(eng, cfg, comp, self.controller, self.channels, ReduceRule.from_engine(eng, world),
+                                 bucket_order, on_record=self._on_record)
+        self.settings = MovedSettings(eng, cfg, comp, world)
         if zero_stage(eng) in (1, 2):
             self.zero = ZeroBridge(eng)
             self.sync.loss_scale, self.sync.after_write = self.zero.loss_scale, self.zero.fill_partitions
@@ -91,20 +106,44 @@ class GravacHandle:
             def remeasure() -> Any:
                 return measure_link(cm.probe_bytes, cm.probe_repeats, self.channels)
             link = remeasure()
-        self._take_engine_settings()
-        self.controller.bind(ControllerContext(
-            world_size=world, samples_per_step=int(eng.train_micro_batch_size_per_gpu()
-                                                   * eng.gradient_accumulation_steps()),
-            realize_cf=comp.realize_cf, cf_grid=comp.cf_grid(), multilevel=comp.multilevel,
-            gain_kind=comp.gain_kind, level_kind=comp.level_kind, compressible=compressible, rank=rank,
-            default_level=static_default_level(cfg, comp),
-            cost_fits=lambda: _agreed_fits(self.sync, link), measure_link=remeasure))
-        eng.enable_backward_allreduce = False
-        self.active = True
+        self.controller.bind(controller_context(cfg, comp, eng, world, rank, compressible,
+                                                lambda: _agreed_fits(self.sync, link), remeasure))
+
+    def _install(self) -> None:
+        """The one place the engine changes: our gradient hooks in, ZeRO's out, the settings we apply ourselves
+        taken over, DeepSpeed's all-reduce off, checkpoints routed through the handle."""
+        self.sync.install()
+        if self.zero is not None:
+            self.zero.install()
+        self.settings.take()
+        self.sync.local_clip = self.settings.local_clip
+        self.engine.enable_backward_allreduce = False
         route_engine_checkpoints(self)
+        self.active = True
         logger.info("ds_gravac: attached (mode=%s, compressor=%s, %d buckets provisional, %d/%d tensors "
-                    "compressible)", cfg.mode, cfg.compressor.type, self.sync.plan.num_buckets,
-                    len(compressible), len(self.sync.members))
+                    "compressible)", self.config.mode, self.config.compressor.type, self.sync.plan.num_buckets,
+                    sum(m.compressible for m in self.sync.members), len(self.sync.members))
+
+    def detach(self) -> None:
+        """Wait for in-flight work, then undo :meth:`_install` in reverse order: gradient averaging goes back
+        to DeepSpeed."""
+        if self.active and self.sync is not None:
+            self.sync.drain()
+            nonzero = self.sync.memory.nonzero() or self.sync.server.nonzero()
+            unroute_engine_checkpoints(self)
+            self.engine.enable_backward_allreduce = True
+            self.settings.give_back()
+            if self.zero is not None:
+                self.zero.close()
+                self.zero = None
+            self.sync.close()
+            if nonzero:
+                logger.warning("ds_gravac: detach drops non-zero error-feedback residuals")
+        if self._sink is not None:
+            self._sink.close()
+        self.active = False
+        if getattr(self.engine, HANDLE_ATTR, None) is self:
+            delattr(self.engine, HANDLE_ATTR)
 
     def _open_sink(self, rank: int) -> Optional[str]:
         """Open the JSON-lines file on the ranks that write one; a failure is reported, not raised, so that
@@ -119,122 +158,19 @@ class GravacHandle:
             return f"ds_gravac: telemetry.jsonl: cannot create '{target}': {exc.strerror or exc}"
         return None
 
-    def _move_optimizer_into_compressor(self, log: bool = True) -> None:
-        """DGC applies momentum and weight decay itself: every tensor compressed, the optimizer runs plain SGD."""
-        dense = [m.name for m in self.sync.members if not m.compressible]
-        if dense:
-            raise GravacConfigError(f"ds_gravac: compressor '{self.config.compressor.type}' applies momentum "
-                                    f"itself, so every tensor must be compressed; set min_compress_numel to 0 "
-                                    f"(dense: {', '.join(dense[:5])}{'...' if len(dense) > 5 else ''})")
-        opt = getattr(self.engine, "basic_optimizer", None) or self.engine.optimizer
-        # without the compressor's weight decay the optimizer keeps applying its own
-        moved = ("momentum", "weight_decay") if self.compressor.applies_weight_decay else ("momentum",)
-        for group in opt.param_groups:
-            for key in moved:
-                if key in group:
-                    self._moved_hyperparams.append((group, key, group[key]))
-                    group[key] = 0.0
-        if log:
-            logger.info("ds_gravac: optimizer %s set to 0; '%s' applies %s", " and ".join(moved),
-                        self.config.compressor.type, "them" if len(moved) > 1 else "it")
-        self._move_clipping_into_compressor(log)
-
-    def _give_back_engine_settings(self) -> None:
-        """DGC: momentum and weight decay back to the optimizer, the clipping back to the engine."""
-        for group, key, value in self._moved_hyperparams:
-            group[key] = value
-        for obj, attr, value in self._moved_clipping:
-            setattr(obj, attr, value)
-        self._moved_hyperparams, self._moved_clipping = [], []
-
     @contextlib.contextmanager
     def engine_settings(self) -> Iterator[None]:
-        """The engine's own momentum, weight decay and clipping for the duration of a checkpoint save or load.
-
-        A checkpoint then records them, not the zeros they are while DGC applies them (a plain DeepSpeed run
-        resuming it trains with momentum), and after a load they are taken over again from the loaded param
-        groups, which ``load_state_dict`` has replaced (so a plain run's momentum is not applied twice)."""
-        taken = self.active and bool(self._moved_hyperparams or self._moved_clipping)
-        if taken:
-            self._give_back_engine_settings()
-        try:
+        """The engine's own momentum, weight decay and clipping during a checkpoint save or load
+        (:meth:`MovedSettings.given_back`)."""
+        if not self.active or self.settings is None:
             yield
-        finally:
-            if taken:
-                self._take_engine_settings(log=False)
-
-    def _take_engine_settings(self, log: bool = True) -> None:
-        """Move what ds_gravac applies itself out of the optimizer and engine: DGC's momentum, weight decay and
-        clipping, or, with ``local_clipping``, the clipping."""
-        if self.compressor.owns_optimizer:
-            self._move_optimizer_into_compressor(log)
-        elif self.config.local_clipping:
-            self._move_clipping_local(log)
-
-    def _move_clipping_local(self, log: bool = True) -> None:
-        """``local_clipping``: each rank clips its gradient per tensor at ``gradient_clipping/√N`` before
-        compression (compress/local_clipping.py); the engine's clipping is off while attached."""
-        clip = float(self.engine.gradient_clipping() or 0.0)
-        if clip <= 0.0:
-            if log:
-                logger.warning("ds_gravac: local_clipping is on but gradient_clipping is 0: nothing is clipped")
             return
-        self.sync.local_clip = local_limit(clip, self.sync.world_size)
-        self._switch_off_engine_clipping()
-        if log:
-            logger.info("ds_gravac: gradient_clipping %g applied locally (each rank's gradient clipped per tensor to "
-                        "%g before compression)", clip, self.sync.local_clip)
-
-    def _switch_off_engine_clipping(self) -> None:
-        """Clipping 0 in the engine and in its fp16/bf16/ZeRO optimizer wrappers (which clip too) while attached."""
-        targets = [(self.engine._config, "gradient_clipping")]
-        targets += [(opt, "clip_grad") for opt in optimizer_chain(self.engine)
-                    if float(getattr(opt, "clip_grad", 0.0) or 0.0) > 0.0]
-        for obj, attr in targets:
-            self._moved_clipping.append((obj, attr, getattr(obj, attr)))
-            setattr(obj, attr, 0.0)
-
-    def _move_clipping_into_compressor(self, log: bool = True) -> None:
-        """DeepSpeed clips the averaged update, which under DGC is the momentum velocity — up to 1/(1−m) times a
-        gradient — so its clipping would shrink DGC's steps where dense momentum SGD clips nothing (LSTM at
-        ``gradient_clipping`` 0.25: perplexity 1,020 against dense's 145). DGC clips each rank's gradient before
-        its momentum instead (its paper's local clipping), at the engine's threshold unless ``clip_norm`` is set,
-        and the engine's clipping is off while attached."""
-        clip = float(self.engine.gradient_clipping() or 0.0)
-        if clip <= 0.0:
-            return
-        if not self.compressor.take_clipping(clip):
-            raise GravacConfigError(f"ds_gravac: compressor '{self.config.compressor.type}' applies momentum "
-                                    f"itself and has no clip_norm to take over gradient_clipping ({clip:g}); "
-                                    f"set gradient_clipping to 0")
-        self._switch_off_engine_clipping()
-        if log:
-            logger.info("ds_gravac: gradient_clipping %g moved into '%s' (each rank's gradient clipped per tensor "
-                        "to %g/sqrt(N) before its momentum)", clip, self.config.compressor.type,
-                        self.compressor.clip_norm)
+        with self.settings.given_back():
+            yield
 
     def _on_record(self, rec: dict[str, Any]) -> None:
         if self._sink is not None and self.config.log_interval and rec["step"] % self.config.log_interval == 0:
             self._sink.write(rec)
-
-    def detach(self) -> None:
-        """Wait for in-flight work, remove hooks, give gradient averaging back to DeepSpeed."""
-        if self.active and self.sync is not None:
-            nonzero = self.sync.memory.nonzero() or self.sync.server.nonzero()
-            self.sync.close()
-            if nonzero:
-                logger.warning("ds_gravac: detach drops non-zero error-feedback residuals")
-            self.engine.enable_backward_allreduce = True
-            if self.zero is not None:
-                self.zero.close()
-                self.zero = None
-            self._give_back_engine_settings()
-            unroute_engine_checkpoints(self)
-        if self._sink is not None:
-            self._sink.close()
-        self.active = False
-        if getattr(self.engine, HANDLE_ATTR, None) is self:
-            delattr(self.engine, HANDLE_ATTR)
 
     def release(self) -> None:
         """At interpreter exit (``teardown``): wait for the last step's exchange, stop hooking the engine and
@@ -253,10 +189,8 @@ class GravacHandle:
     def gradient_clipping(self) -> float:
         """The clipping threshold in effect: the compressor's when it took the engine's clipping over at attach
         (the engine then reports 0), else the engine's."""
-        if self._moved_clipping and self.compressor.owns_optimizer:
-            return float(self.compressor.clip_norm)
-        if self._moved_clipping:
-            return float(self._moved_clipping[0][2])          # local_clipping: the engine's, applied per tensor
+        if self.settings is not None:
+            return self.settings.clipping_in_effect()
         return float(self.engine.gradient_clipping() or 0.0)
 
     def drain(self) -> None:
@@ -303,12 +237,11 @@ def _agreed_fits(sync: Synchronizer, link: Any) -> Any:
     return fits if fits is not None else link
 
 
-def _check_compressible(cfg: GravacConfig, comp: Compressor, engine: Any) -> None:
+def check_compressible(cfg: GravacConfig, comp: Compressor, named: list[tuple[str, torch.Tensor]]) -> None:
     """Accordion and auto switch levels per compressed tensor: with nothing compressible they have nothing to
-    decide."""
+    decide (``named``: the engine's trainable parameters)."""
     if cfg.mode not in ("accordion", "auto"):
         return
-    named = _trainable(engine)
     if not any(m.compressible for m in classify(named, comp.accepts, cfg.min_compress_numel,
                                                 comp.name != "none")):
         largest = max((p.numel() for _, p in named), default=0)
@@ -316,6 +249,14 @@ def _check_compressible(cfg: GravacConfig, comp: Compressor, engine: Any) -> Non
                                 f"compressor '{cfg.compressor.type}' and min_compress_numel "
                                 f"{cfg.min_compress_numel} (largest tensor: {largest} elements) none is "
                                 f"compressed; lower min_compress_numel or use mode 'dense'")
+
+
+def ready_compressor(cfg: GravacConfig, comp: Compressor, named: list[tuple[str, torch.Tensor]]) -> None:
+    """Before any plan: refuse a mode with nothing to decide, and pin the uniform rank ladder's classifier
+    width (attach, and ``python -m ds_gravac.plan``)."""
+    check_compressible(cfg, comp, named)
+    if comp.ladder == "uniform":
+        comp.pin(classifier_shapes(named, comp.accepts, cfg.min_compress_numel))
 
 
 def _resolve_section(engine: Any, config: Union[Mapping[str, Any], GravacConfig, None]) -> Mapping[str, Any]:

@@ -12,15 +12,19 @@ from __future__ import annotations
 import atexit
 import logging
 import weakref
-from typing import Any
+from typing import Protocol
 
 logger = logging.getLogger("ds_gravac")
 
-_live: "weakref.WeakSet[Any]" = weakref.WeakSet()
+class Releasable(Protocol):
+    def release(self) -> None: ...
+
+
+_live: "weakref.WeakSet[Releasable]" = weakref.WeakSet()
 _registered = False
 
 
-def track(handle: Any) -> None:
+def track(handle: Releasable) -> None:
     """Release ``handle`` (anything with ``release()``) at exit; the hook is registered once per process."""
     global _registered
     _live.add(handle)

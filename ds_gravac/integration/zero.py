@@ -75,8 +75,12 @@ class ZeroBridge:
         self.engine = engine
         self.opt = engine.optimizer
         self.stage = zero_stage(engine)
+        self.had_hooks = False
+
+    def install(self) -> None:
+        """Remove the optimizer's gradient hooks: it reduces nothing during backward while we are attached."""
         self.had_hooks = bool(self.opt._grad_acc_hooks)
-        for handle in self.opt._grad_acc_hooks:          # the optimizer reduces nothing during backward now
+        for handle in self.opt._grad_acc_hooks:
             handle.remove()
         self.opt._grad_acc_hooks = []
 

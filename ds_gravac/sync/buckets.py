@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -63,6 +63,13 @@ def classify(named_params: Sequence[tuple[str, torch.Tensor]], accepts: Callable
             compressible = False
         members.append(Member(index=i, name=name, param=p, compressible=compressible))
     return members
+
+
+def sync_members(named_params: Sequence[tuple[str, torch.Tensor]], config: Any, compressor: Any) -> list[Member]:
+    """The members a synchronizer plans with (attach and ``python -m ds_gravac.plan`` alike): nothing is
+    compressible in mode ``dense`` or with the ``none`` compressor."""
+    enabled = config.mode != "dense" and compressor.name != "none"
+    return classify(named_params, compressor.accepts, config.min_compress_numel, enabled)
 
 
 class BucketPlan:

@@ -9,26 +9,28 @@ collectives themselves go through ``deepspeed.comm``."""
 from __future__ import annotations
 
 import time
-import warnings
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Optional, Sequence
 
 import torch
+import torch.distributed as tdist
 from deepspeed import comm as dist
 
 from ..errors import GravacError
 
-DEPRECATED_ALL_GATHER = r".*all_gather_into_tensor.* is deprecated"
+# torch 2.14 deprecates all_gather_into_tensor (which deepspeed.comm 0.19.8 calls) for all_gather_single, with a
+# FutureWarning on every call; silencing it per call meant a catch_warnings() per all-gather on the hot path, which
+# is not thread-safe and resets every module's once-only warning registry. Older torch has no all_gather_single
+# and does not deprecate the other name: there deepspeed.comm's call is used.
+_ALL_GATHER_SINGLE = getattr(tdist, "all_gather_single", None)
 
 
-def _all_gather_into_tensor(*args: Any, **kwargs: Any) -> Any:
-    """deepspeed.comm's all-gather without torch 2.14's FutureWarning that its name is deprecated (deepspeed.comm,
-    the interface we must use, still calls it, and it would print on every step): silenced for this call only, so
-    importing ds_gravac leaves the user's warning filters as they were."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=DEPRECATED_ALL_GATHER, category=FutureWarning)
-        return dist.all_gather_into_tensor(*args, **kwargs)
+def _all_gather_into_tensor(out: torch.Tensor, t: torch.Tensor, group: Any = None, async_op: bool = False) -> Any:
+    """All-gather ``t`` of every rank into ``out`` through the collective's current, non-deprecated name."""
+    if _ALL_GATHER_SINGLE is not None:
+        return _ALL_GATHER_SINGLE(out, t, group=group, async_op=async_op)
+    return dist.all_gather_into_tensor(out, t, group=group, async_op=async_op)
 
 
 def collective_failed(what: str, exc: BaseException) -> GravacError:

@@ -58,7 +58,12 @@ class HookManager:
         self.on_finish = on_finish
         self.active = False
         self._task = -1
-        self._handles = [p.register_post_accumulate_grad_hook(self._make_hook(i)) for i, p in enumerate(params)]
+        self.params = list(params)
+        self._handles: list[Any] = []
+
+    def install(self) -> None:
+        """Register the gradient hooks (attach's install stage; :meth:`remove` is its mirror)."""
+        self._handles = [p.register_post_accumulate_grad_hook(self._make_hook(i)) for i, p in enumerate(self.params)]
 
     def _make_hook(self, index: int) -> Callable[[torch.Tensor], None]:
         def hook(_param: torch.Tensor) -> None:

@@ -30,7 +30,7 @@ from ..config import GravacConfig
 from ..errors import GravacError
 from ..telemetry.stats import AgreedStats
 from .aggregate_gain import AggregateGain, check_aggregate_gain
-from .buckets import BucketPlan, Member, classify
+from .buckets import BucketPlan, Member, sync_members
 from .codec import BucketCodec, SendLayout
 from .collectives import Channels, broadcast, check_agreement
 from .completion import complete_step
@@ -65,8 +65,7 @@ class Synchronizer:
         self.channels, self.rule, self.on_record = channels, rule, on_record
         self.rank, self.world_size = channels.rank, channels.world_size
         named = [(n, p) for n, p in engine.module.named_parameters() if p.requires_grad and p.numel() > 0]
-        enabled = config.mode != "dense" and compressor.name != "none"
-        self.members: list[Member] = classify(named, compressor.accepts, config.min_compress_numel, enabled)
+        self.members: list[Member] = sync_members(named, config, compressor)
         self.numel_total = sum(m.numel for m in self.members)
         self.pattern = payload_exchange(compressor, config.quantized_exchange, channels.world_size)
         self.memory = ErrorFeedbackMemory(compressor, config.error_feedback)
@@ -378,6 +377,10 @@ class Synchronizer:
         self.memory.reset(names)
         if names is None:
             self.server.reset()
+
+    def install(self) -> None:
+        """Start hooking the engine's backward (attach's install stage; :meth:`close` undoes it)."""
+        self.hooks.install()
 
     def close(self) -> None:
         self.hooks.remove()

@@ -170,3 +170,45 @@ def test_single_rank_resume_of_a_two_rank_checkpoint_is_not_silent(tmp_path) -> 
     assert kind == "GravacError" and "world_size=2, now 1" in message
     kind, _, logged = run_ranks(_single_rank_resume, 1, str(tmp_path), "reset")[0]
     assert kind == "ok" and any("world_size=2, now 1" in m and "reset" in m for m in logged), logged
+
+
+def _refused_attach_job(rank: int, world: int) -> dict:
+    """A refusal found after the compressor is built (DGC with tensors left dense) under ZeRO-2, where attach also
+    takes the optimizer's own gradient hooks away: the engine must be exactly as before, and train as an engine
+    that never met ds_gravac."""
+    import deepspeed
+
+    import ds_gravac
+    cfg = M.ds_config({"mode": "static", "compressor": "dgc", "cf": 20, "min_compress_numel": 1000},
+                      zero_optimization={"stage": 2}, zero_allow_untested_optimizer=True)
+    engines = []
+    for _ in range(2):
+        model = M.make_model()
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+        engines.append(engine)
+    engine, untouched = engines
+    def hooks() -> dict[str, int]:
+        return {n: len(getattr(p, "_post_accumulate_grad_hooks", None) or {})
+                for n, p in engine.module.named_parameters()}
+    zero_hooks, before = len(engine.optimizer._grad_acc_hooks), hooks()
+    outcome = _outcome(lambda: ds_gravac.attach(engine))
+    hooked = [n for n, count in hooks().items() if count != before[n]]
+    state = {"outcome": outcome, "zero_hooks": (zero_hooks, len(engine.optimizer._grad_acc_hooks)),
+             "allreduce": engine.enable_backward_allreduce, "hooked": hooked,
+             "handle": ds_gravac.get_handle(engine) is not None,
+             "momentum": [g["momentum"] for g in engine.optimizer.optimizer.param_groups]}
+    for e in (engine, untouched):
+        M.train(e, rank, 2)
+    a, b = M.params_of(engine), M.params_of(untouched)
+    state["same_training"] = all(torch.equal(a[k], b[k]) for k in a)
+    return state
+
+
+def test_a_refused_attach_leaves_the_engine_as_it_was() -> None:
+    for res in run_ranks(_refused_attach_job, 2, timeout=200):
+        kind, message = res["outcome"]
+        assert kind == "GravacConfigError" and "every tensor must be compressed" in message, res["outcome"]
+        assert res["zero_hooks"][0] > 0 and res["zero_hooks"][0] == res["zero_hooks"][1]
+        assert res["allreduce"] is True and res["hooked"] == [] and res["handle"] is False
+        assert res["momentum"] == [0.9] * len(res["momentum"])
+        assert res["same_training"]

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from ds_gravac_bench import netns
-from ds_gravac_bench.cluster import ROOT, EmulatedCluster, fit_line, parse_sizes, wire_factor
+from ds_gravac_bench.cluster import ROOT, EmulatedCluster, parse_sizes
+from ds_gravac_bench.link_probe import fit_line, wire_factor
 from ds_gravac_bench.netns import ClusterError
 
 PROBE_TAG, JOB_TAG, SIGNAL_TAG, ERROR_TAG = 76, 77, 78, 79

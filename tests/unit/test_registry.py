@@ -129,9 +129,11 @@ def test_enum_attributes_accept_their_strings(clean_registry: dict) -> None:
 def test_declared_extension_points_have_defaults() -> None:
     """What attach and the synchronizer read of a compressor exists on every one, with the neutral default."""
     comp = Sketch()
-    assert (comp.ladder, comp.shared_indices, comp.server_error_feedback, comp.applies_weight_decay,
-            comp.clip_norm, comp.default_level(), comp.take_clipping(0.5)) == ("cf", False, False, True, 0.0, None,
-                                                                              False)
+    assert (comp.ladder, comp.shared_indices, comp.clips_locally, comp.server_error_feedback,
+            comp.applies_weight_decay, comp.clip_norm, comp.default_level()) == ("cf", False, False, False, True, 0.0,
+                                                                                 None)
+    with pytest.raises(NotImplementedError, match="does not clip gradients itself"):
+        comp.take_clipping(0.5)
     with pytest.raises(NotImplementedError, match="draws no shared indices"):
         comp.indices(4, comp.plan(4, 1.0), CompressCtx(key="k"))
 

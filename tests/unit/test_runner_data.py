@@ -18,13 +18,10 @@ from runners.data import (  # noqa: E402
     RankShard,
     RankShardSampler,
     SyntheticImageDataset,
-    SyntheticTokenStream,
-    batchify,
-    get_bptt_batch,
     load_cifar,
-    load_ptb,
     shard_indices,
 )
+from runners.text_data import SyntheticTokenStream, batchify, get_bptt_batch, load_ptb  # noqa: E402
 from runners.models import LSTMLanguageModel, build_model, count_parameters, detach_hidden  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------

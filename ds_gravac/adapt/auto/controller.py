@@ -30,10 +30,11 @@ from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
+from ...config import GravacConfig
 from ...errors import GravacConfigError
 from ...sync.aggregate_gain import GroupSpec
 from ...sync.cost_model.fits import ALL_REDUCE, FitTable
-from ..base import Controller, ControllerContext, StepDecision
+from ..base import AgreedStats, Controller, ControllerContext, StepDecision
 from .ladder import LOWRANK, RANKS, REFERENCE, Group, Level, build_groups, uniform_codes
 from .signals import GroupErrors
 from .solver import Hysteresis, totals
@@ -50,7 +51,7 @@ class AutoController(Controller):
 
     mode = "auto"
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: GravacConfig) -> None:
         super().__init__(config)
         a = config.auto
         self.interval = int(a.interval_steps)
@@ -104,7 +105,7 @@ class AutoController(Controller):
         return out
 
     # ---- signals ------------------------------------------------------------------------------------------
-    def observe(self, stats: Any) -> None:
+    def observe(self, stats: AgreedStats) -> None:
         sample = stats.aggregate
         if sample is not None and sample.groups:
             self.signals.add(sample.groups)

@@ -1,0 +1,146 @@
+"""``python -m ds_gravac.plan``, run as a user runs it (a subprocess): its bytes against formulas derived from the
+documented payload formats, dense's ratio, attach's refusals word for word, and one-line errors for bad input."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torchvision
+
+from ds_gravac.config import GravacConfig, parse_config
+from ds_gravac.errors import GravacConfigError, GravacUnsupportedError
+from ds_gravac.integration.build import build_compressor, reject_unimplemented
+from ds_gravac.integration.engine import check_compressible
+from ds_gravac.integration.zero import validate_zero
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT = ROOT / "ds_configs" / "default.json"
+
+
+def plan(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
+    return subprocess.run([sys.executable, "-m", "ds_gravac.plan", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+
+
+def qsgd8_bytes(numel: int, n: int) -> float:
+    """QSGD at 8 bits (docs/algorithms.md, compress/qsgd.py): a bucket is cut into N partitions of L = ceil(m/N)
+    values, each sent as fp32 norms, one per block of 128, and 8-bit codes packed four to a 32-bit word. Two ranks
+    all-gather the N partition payloads ((N-1)·P bytes per rank); more ranks use the parameter server, an
+    all-to-all and an all-gather of one partition's payload each (2(N-1)·P/N)."""
+    part = math.ceil(numel / n)
+    words = math.ceil(part / 128) + math.ceil(part * 8 / 32)
+    payload = 4 * n * words
+    return (n - 1) * payload if n == 2 else 2 * (n - 1) * payload / n
+
+
+def test_default_config_bytes_follow_the_qsgd_format() -> None:
+    world = 2
+    out = plan(str(DEFAULT), "--model", "resnet18", "--world-size", str(world), "--json")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    model = torchvision.models.resnet18(weights=None)
+    numel = sum(p.numel() for p in model.parameters())
+    assert report["refusals"] == [] and report["mode"] == "static" and report["compressor"] == "qsgd"
+    assert sum(r["numel"] for r in report["rows"]) == numel
+    assert sum(r["tensors"] for r in report["rows"]) == len(list(model.parameters()))
+    for row in report["rows"]:
+        assert row["family"] == "qsgd" and row["level"] == "8-bit (CF 4)"
+        assert row["exchange"] == ("allgather" if world == 2 else "casync_ps")
+        assert row["bytes_sent"] == qsgd8_bytes(row["numel"], world)
+        assert row["dense_bytes"] == 2 * (world - 1) / world * 4 * row["numel"]      # fp32 ring all-reduce
+    assert report["dense_bytes"] == 2 * (world - 1) / world * 4 * numel
+    assert report["ratio"] == pytest.approx(report["bytes_sent"] / report["dense_bytes"], rel=1e-12)
+    assert 0.25 < report["ratio"] < 0.27
+    # the nominal link's α–β line: every bucket sends dense as one all-reduce of 4·m bytes
+    beta = 2 * (world - 1) / world * 8 / 1e9
+    assert report["predicted_dense_s"] == pytest.approx(sum(1e-3 + beta * 4 * r["numel"] for r in report["rows"]))
+    assert report["predicted_s"] < report["predicted_dense_s"]
+
+
+def test_a_hugging_face_model_given_as_module_callable() -> None:
+    """The HF BERT example (``module:callable``): every trainable tensor planned, bytes at the default's ratio."""
+    from runners.train_hf import tiny_bert
+
+    out = plan(str(ROOT / "ds_configs" / "hf.json"), "--model", "runners.train_hf:tiny_bert", "--json")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert sum(r["numel"] for r in report["rows"]) == sum(p.numel() for p in tiny_bert().parameters())
+    assert report["refusals"] == [] and 0.25 < report["ratio"] < 0.27
+
+
+def test_dense_config_reads_ratio_one() -> None:
+    out = plan(str(ROOT / "ds_configs" / "dense.json"), "--model", "resnet18", "--rate", "100mbit")
+    assert out.returncode == 0, out.stderr
+    total = next(line for line in out.stdout.splitlines() if line.lstrip().startswith("total"))
+    assert total.split()[-1] == "1.000"
+    assert "compression ratio: 1.000 of dense's bytes" in out.stdout
+    assert "nominal link 100 Mbit/s" in out.stdout and "refusals: none" in out.stdout
+    assert "Traceback" not in out.stderr
+
+
+def _expected_refusals(case: str, cfg: GravacConfig) -> list[str]:
+    """attach's messages for the case, from the library's own checks."""
+    with pytest.raises(GravacUnsupportedError) as unimplemented:
+        reject_unimplemented(cfg)
+    if case == "zero3":
+        with pytest.raises(GravacUnsupportedError) as zero:
+            validate_zero(SimpleNamespace(zero_optimization_stage=lambda: 3))   # it reads the stage first
+        return [str(unimplemented.value), str(zero.value)]
+    named = list(torchvision.models.resnet18(weights=None).named_parameters())
+    with pytest.raises(GravacConfigError) as nothing_compressed:
+        check_compressible(cfg, build_compressor(cfg), named)
+    return [str(unimplemented.value), str(nothing_compressed.value)]
+
+
+@pytest.mark.parametrize("case", ["accordion", "zero3"])
+def test_refusals_are_attach_messages_and_exit_two(case: str, tmp_path: Path) -> None:
+    config = json.loads(DEFAULT.read_text())
+    section: dict = {"decision_source": "rank0"}
+    if case == "zero3":
+        config.update(zero_optimization={"stage": 3}, zero_allow_untested_optimizer=True)
+        del config["scheduler"]       # torch's MultiStepLR does not take DeepSpeed's stage-3 optimizer wrapper
+    else:
+        section.update(mode="accordion", compressor="topk", accordion={"interval_steps": 10},
+                       min_compress_numel=10**9)
+    config["gravac"] = section
+    path = tmp_path / "refused.json"
+    path.write_text(json.dumps(config))
+    expected = _expected_refusals(case, parse_config(section))
+    out = plan(str(path), "--model", "resnet18")
+    assert out.returncode == 2, out.stdout + out.stderr
+    refused = out.stdout.split("refused at attach (2):\n", 1)[1].splitlines()
+    assert refused == [f"  {msg}" for msg in expected]
+    assert "Traceback" not in out.stderr
+
+
+def test_a_bad_model_name_is_one_line_and_exit_two() -> None:
+    out = plan(str(DEFAULT), "--model", "resnet_nonexistent")
+    assert out.returncode == 2 and out.stdout == ""
+    lines = [line for line in out.stderr.splitlines() if line.startswith("ds_gravac.plan:")]
+    assert lines == ["ds_gravac.plan: --model 'resnet_nonexistent' is neither a torchvision model name (e.g. "
+                     "resnet101) nor module:callable"], out.stderr
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("args, says", [
+    ((str(DEFAULT), "--model", "no_such_module:build"), "--model 'no_such_module:build': cannot import it"),
+    ((str(DEFAULT), "--model", "resnet18", "--rate", "fast"), "--rate 'fast' is not a link rate"),
+    ((str(DEFAULT), "--model", "resnet18", "--world-size", "1"), "--world-size 1: must be >= 2"),
+    ((str(ROOT / "no_such.json"), "--model", "resnet18"),
+     f"cannot read the config '{ROOT / 'no_such.json'}': No such file or directory"),
+])
+def test_bad_input_is_one_line_and_exit_two(args: tuple[str, ...], says: str,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """In this process (the same ``main``; it fails before any engine or process group exists)."""
+    from ds_gravac.plan.__main__ import main
+    assert main(list(args)) == 2
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    assert out == "" and len(lines) == 1 and lines[0].startswith(f"ds_gravac.plan: {says}"), err
