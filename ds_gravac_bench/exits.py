@@ -83,7 +83,18 @@ def cluster(runs: int, rate: str, workdir: Path, tag: int, which: str = "quick_s
             results = c.launch_deepspeed(script, args, port=29700 + i)
             bad = [r.returncode for r in results if r.returncode != 0]
             codes[bad[0] if bad else 0] += 1
+            if bad:
+                keep_failed(results, f"{which}-{rate}-run{i}")
     return codes
+
+
+def keep_failed(results: list, name: str) -> None:
+    """A failed run's rank outputs, kept under runs/exits/failed/ (the run's own directory is temporary)."""
+    out = ROOT / "runs" / "exits" / "failed" / name
+    out.mkdir(parents=True, exist_ok=True)
+    for r in results:
+        (out / f"rank{r.rank}-rc{r.returncode}.txt").write_text(r.text()[-20000:])
+    print(f"run {name}: return codes {[r.returncode for r in results]}; outputs kept in {out}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
