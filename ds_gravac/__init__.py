@@ -12,6 +12,7 @@ from .compress.base import CompressCtx, Compressor, CompressorParams, Payload, S
 from .compress.kinds import GainKind, Kind, LevelKind, Multilevel  # noqa: E402
 from .compress.registry import register_compressor  # noqa: E402
 from .errors import GravacConfigError, GravacError, GravacUnsupportedError  # noqa: E402
+from .config_aliases import GravacDeprecationWarning  # noqa: E402
 from .integration.engine import GravacHandle, attach, get_handle  # noqa: E402
 
 
@@ -74,6 +75,6 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'ds_gravac' has no attribute {name!r}")
 
 
-__all__ = ["initialize", "attach", "detach", "get_handle", "register_compressor", "GravacHandle", "Compressor",
+__all__ = ["initialize", "attach", "detach", "get_handle", "register_compressor", "GravacHandle", "GravacDeprecationWarning", "Compressor",
            "CompressorParams", "CompressCtx", "Kind", "LevelKind", "GainKind", "Multilevel", "Payload", "Section",
            "TensorPlan", "GravacError", "GravacConfigError", "GravacUnsupportedError", "__version__"]

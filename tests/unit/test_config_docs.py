@@ -88,6 +88,14 @@ def test_every_renamed_key_still_works_with_a_warning_that_names_the_new_key(old
     assert via_old == via_new and getattr(getattr(via_new, group), key) == value
 
 
+def test_the_deprecation_warning_can_be_filtered_through_the_package() -> None:
+    """Users silence renamed-key warnings with ``warnings.filterwarnings(..., ds_gravac.GravacDeprecationWarning)``."""
+    import ds_gravac
+
+    assert ds_gravac.GravacDeprecationWarning is GravacDeprecationWarning
+    assert issubclass(GravacDeprecationWarning, FutureWarning)
+
+
 def test_a_checkpoint_section_written_before_the_rename_compares_without_a_warning() -> None:
     """A 0.4.1 writer stored the normalized section with GraVAC's keys top-level and an unset ``cf`` as 100; read
     back it equals the same section written now (no difference reported, no deprecation warning)."""
