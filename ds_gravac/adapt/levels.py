@@ -148,9 +148,20 @@ def check_auto(config: GravacConfig, name: str) -> None:
                                 f"layer group; remove the key")
 
 
+def check_classifier_rank(config: GravacConfig) -> None:
+    """``compressor.params.classifier_rank`` fixes the classifier's rank beside a static (or Accordion's) rank;
+    GraVAC's CF levels and auto's per-group ranks would ignore it, so it is refused there."""
+    value = config.compressor.params.get("classifier_rank")
+    if value is None or config.mode in ("static", "accordion", "dense"):
+        return
+    raise GravacConfigError(f"ds_gravac: key \"compressor.params.classifier_rank\" ({value!r}) is read in modes "
+                            f"'static' and 'accordion', not {config.mode!r}; remove the key or use mode 'static'")
+
+
 def check_mode(config: GravacConfig, compressor: Compressor) -> None:
     """Attach-time check that ``config.mode`` can drive ``compressor`` with the configured levels."""
     check_rank_ladder(config, compressor)
+    check_classifier_rank(config)
     name = config.compressor.type
     grid = compressor.cf_grid()
     if config.mode == "gravac":
@@ -162,5 +173,6 @@ def check_mode(config: GravacConfig, compressor: Compressor) -> None:
         check_auto(config, name)
 
 
-__all__ = ["AUTO_COMPRESSORS", "DEFAULT_LEVELS", "accordion_levels", "check_auto", "check_mode", "check_rank_ladder",
+__all__ = ["AUTO_COMPRESSORS", "DEFAULT_LEVELS", "accordion_levels", "check_auto", "check_classifier_rank", "check_mode",
+           "check_rank_ladder",
            "classifier_shapes", "grid_levels", "gravac_range", "uniform_bound"]

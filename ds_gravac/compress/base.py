@@ -109,7 +109,7 @@ class Compressor:
     exchange: ClassVar[Optional[str]] = None
     phase: int = 0           # replicated per-step state that selects payload layouts (see the module docstring)
     # rank-levelled compressors: "uniform" once bind_levels("uniform") made GraVAC's levels the rungs of a uniform
-    # rank ladder (attach then calls :meth:`pin`); "cf" otherwise
+    # rank ladder; "cf" otherwise
     ladder: str = "cf"
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -133,8 +133,9 @@ class Compressor:
         largest rank used) or as CFs (``"cf"`` under GraVAC, ``bound`` = theta_min). Others ignore it."""
 
     def pin(self, shapes: Sequence[Sequence[int]]) -> None:
-        """Uniform rank ladder only, at attach before any plan: matrices of these shapes (the classifier) keep at
-        least the compressor's own rank."""
+        """At attach, before any plan: the classifier's shapes (the last compressed matrix), which a compressor may
+        treat apart — the low-rank uniform ladder keeps them at least at its rank, ``classifier_rank`` sends them
+        at that rank. Others ignore it."""
 
     def default_level(self) -> Optional[float]:
         """The level static mode uses when the config names none: a rank-levelled compressor's rank, a

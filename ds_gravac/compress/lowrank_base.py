@@ -53,6 +53,17 @@ class LowRankParams(CompressorParams):
     # iteration on the exact average, so the warm start keeps tracking the gradient's subspace while nothing is
     # compressed (false: factors stay as they were, as PyTorch's hook does)
     dense_refresh: bool = True
+    # the classifier (the last compressed matrix in registration order) at its own rank under static and
+    # Accordion modes; null: the rank of every matrix. 1 is what GraVAC's CF mapping gives ResNet101's classifier
+    # at θ 10, beside static rank 16 (issue 42's M1, docs/algorithms.md §7)
+    classifier_rank: Optional[int] = Field(None, ge=1, le=1024)
+
+
+# Levels above any matrix's rank: the matrix travels plain (its values). At REPROJECT its warm start also takes one
+# power iteration on the exact average it received, as on a dense step — mode auto sends a group so for one step
+# before raising its rank, so the new rank starts from the current subspace and every rank of it is measured.
+PLAIN = float(1 << 30)
+REPROJECT = float(1 << 31)
 
 
 class LowRankMemory(CompressorMemory):
@@ -87,7 +98,8 @@ class LowRankCompressor(Compressor):
         super().__init__(params)
         self.bound = float(self.params.rank)
         self.ladder = "cf"                                     # "uniform": GraVAC levels are uniform-rank rungs
-        self.pinned: frozenset[tuple[int, int]] = frozenset()  # matrix shapes kept at >= params.rank (uniform)
+        # the classifier's matrix shapes: kept at >= params.rank on the uniform ladder, sent at classifier_rank
+        self.pinned: frozenset[tuple[int, int]] = frozenset()
         self.factors: dict[str, dict[str, Tensor]] = {}      # replicated: key → {"q": m×W, "p": n×W}
         self._bases: dict[tuple[str, str], Tensor] = {}       # orth of a stored factor, until it changes
         self._tensor_plans: dict[tuple[Any, ...], TensorPlan] = {}
@@ -109,8 +121,8 @@ class LowRankCompressor(Compressor):
         self._tensor_plans.clear()
 
     def pin(self, shapes: Sequence[Sequence[int]]) -> None:
-        """Uniform ladder only: matrices of these shapes (the classifier) keep at least ``rank`` (attach, before
-        any plan is made)."""
+        """The classifier's shapes (attach, before any plan is made): on the uniform ladder they keep at least
+        ``rank``; at rank levels they get ``classifier_rank`` when it is set."""
         self.pinned = frozenset(matrix_shape(s) for s in shapes)
         self._tensor_plans.clear()
 
@@ -133,7 +145,8 @@ class LowRankCompressor(Compressor):
     def rank_for(self, n: int, m: int, level: float) -> int:
         """The rank of an ``n × m`` matrix at ``level`` (a rank, or a CF under GraVAC)."""
         if self.level_kind == LevelKind.RANK:
-            return matrix_rank(n, m, int(round(level)))
+            fixed = self.params.classifier_rank if (n, m) in self.pinned else None
+            return matrix_rank(n, m, int(round(level)) if fixed is None else fixed)
         if self.ladder == "uniform":
             return self._ladder_rank(n, m, level)
         r = math.floor(self.pair_factor * n * m / ((n + m) * float(level)) + 1e-9)

@@ -19,7 +19,7 @@ import torch
 
 from .base import CompressCtx, Payload, Section, TensorPlan
 from .lowrank import seeded_factor
-from .lowrank_base import F32, LowRankCompressor, LowRankMemory, LowRankParams
+from .lowrank_base import F32, REPROJECT, LowRankCompressor, LowRankMemory, LowRankParams
 
 Tensor = torch.Tensor
 
@@ -38,7 +38,8 @@ class PowerSGDMemory(LowRankMemory):
 
     def commit_aggregate(self, x: Tensor, g: Tensor, payloads: Sequence[Payload], ctx: CompressCtx) -> None:
         """Finite step, sent compressed: ``E ← X − G`` and ``Q_prev ← Q/N``; plain matrices keep no error. Sent
-        dense (no payloads): the warm start follows the exact average (:meth:`refresh`)."""
+        dense (no payloads), or plain at :data:`REPROJECT`: the warm start follows the exact average
+        (:meth:`refresh`)."""
         if not payloads:
             if self.comp.params.warm_start:
                 self.comp.refresh(ctx, g, "q")
@@ -46,6 +47,8 @@ class PowerSGDMemory(LowRankMemory):
         p1 = payloads[0]
         if "plain" in p1 or not self.comp.uses_error(ctx):
             x.zero_()
+            if "plain" in p1 and p1.plan.level >= REPROJECT and self.comp.params.warm_start:
+                self.comp.refresh(ctx, g, "q")
         else:
             x.sub_(g)
         qt = self.comp._step_q.pop(ctx.key, None)

@@ -252,11 +252,10 @@ def check_compressible(cfg: GravacConfig, comp: Compressor, named: list[tuple[st
 
 
 def ready_compressor(cfg: GravacConfig, comp: Compressor, named: list[tuple[str, torch.Tensor]]) -> None:
-    """Before any plan: refuse a mode with nothing to decide, and pin the uniform rank ladder's classifier
-    width (attach, and ``python -m ds_gravac.plan``)."""
+    """Before any plan: refuse a mode with nothing to decide, and tell the compressor its classifier (the
+    uniform rank ladder's floor, low rank's ``classifier_rank``; attach, and ``python -m ds_gravac.plan``)."""
     check_compressible(cfg, comp, named)
-    if comp.ladder == "uniform":
-        comp.pin(classifier_shapes(named, comp.accepts, cfg.min_compress_numel))
+    comp.pin(classifier_shapes(named, comp.accepts, cfg.min_compress_numel))
 
 
 def _resolve_section(engine: Any, config: Union[Mapping[str, Any], GravacConfig, None]) -> Mapping[str, Any]:

@@ -74,6 +74,41 @@ def _watch(engine: Any, rank_grads: dict, signals: dict) -> None:
     ctl.observe = watched
 
 
+SCRIPTED = {**AUTO, "auto": {**AUTO["auto"], "interval_steps": 2}}
+SCRIPT = {2: 2, 4: 8, 6: 8}  # the 128 × 128 groups' rank decided at steps 2 and 4 (a raise); the rest held
+
+
+def _scripted(rank: int, world: int) -> dict:
+    """Rank 0's proposals replaced by a script (everything after the broadcast is the controller's own): the
+    128 × 128 groups at rank 2, then raised to rank 8 — re-projected (plain) at step 4, rank 8 from step 5; every
+    other group at its lowest rung throughout."""
+    import ds_gravac
+    engine = _engine(world, SCRIPTED)
+    ctl = ds_gravac.get_handle(engine).controller
+    signals: dict = {}
+    _watch(engine, {}, signals)
+
+    def propose(step: int, lr: float) -> torch.Tensor:
+        codes = [next(i for i, lv in enumerate(g.ladder) if lv.family == "lowrank" and lv.value == SCRIPT[step])
+                 if g.name == "128x128" else len(g.ladder) - 1 for g in ctl.groups]     # others: lowest rung
+        return torch.tensor(codes + [0], dtype=torch.int64)
+    ctl.propose = propose
+    reprojected = {}
+    accept = ctl.accept
+
+    def watched_accept(step: int, proposal: torch.Tensor) -> set:
+        out = accept(step, proposal)
+        reprojected[step] = [ctl.groups[g].name for g in ctl.reproject]
+        return out
+    ctl.accept = watched_accept
+    M.train(engine, rank, 7)
+    ladder = next([int(lv.value) for lv in g.ladder if lv.family == "lowrank"] for g in ctl.groups
+                  if g.name == "128x128")
+    index = next(i for i, g in enumerate(ctl.groups) if g.name == "128x128")
+    return {"records": _records(engine), "signals": {s: v[index] for s, v in signals.items()},
+            "reprojected": reprojected, "ladder": ladder, "params": M.params_of(engine)}
+
+
 def _job(rank: int, world: int, save_dir: str) -> dict:
     import ds_gravac
     straight = _engine(world)
@@ -114,7 +149,7 @@ def _job(rank: int, world: int, save_dir: str) -> dict:
             "resumed_params": M.params_of(resumed), "resumed_records": _records(resumed),
             "saved_state": saved_state, "loaded_state": loaded_state, "members": members, "grads": grads,
             "signals": signals, "refit_events": refit_events, "refit_records": _records(refit),
-            "refit_params": M.params_of(refit)}
+            "refit_params": M.params_of(refit), "scripted": _scripted(rank, world)}
 
 
 @pytest.fixture(scope="module")
@@ -250,3 +285,22 @@ def test_a_step_off_its_prediction_re_times_the_link_on_every_rank(results: list
     assert last["auto/predicted_step_s"] > 0 and last["auto/measured_step_s"] > 0
     for name, value in r0["refit_params"].items():
         assert torch.equal(value, r1["refit_params"][name]), name
+
+
+def test_a_raised_group_is_reprojected_for_one_step_on_both_ranks(results: list[dict]) -> None:
+    """Rank 2 → rank 8 at step 4: that step sends the group plain and measures every rank of its ladder (the
+    power iteration on the exact average, as on a dense step); rank 8 from step 5. Rank 2 after the all-dense
+    start needs no re-projection."""
+    from ds_gravac.adapt.auto.ladder import RANKS
+    r0, r1 = (res["scripted"] for res in results)
+    assert r0["records"] == r1["records"] and r0["signals"] == r1["signals"] and r0["reprojected"] == r1["reprojected"]
+    for name, value in r0["params"].items():
+        assert torch.equal(value, r1["params"][name]), name
+    assert r0["reprojected"] == {2: [], 4: ["128x128"], 6: []}
+    b = {int(r["step"]): r["bytes_sent"] for r in r0["records"]}
+    assert b[2] == b[3] < b[5] == b[6] < b[4] < b[1]      # rank 2 < rank 8 < plain 128×128 < all dense
+    assert [r["branch"] for r in r0["records"]] == ["dense", "dense"] + ["cand"] * 5
+    measured = lambda step: [r for r in r0["ladder"] if r0["signals"][step][2][RANKS.index(r)] is not None]  # noqa
+    assert measured(3) == [r for r in r0["ladder"] if r <= 2]        # a rank-2 step measures rank 2 only
+    assert measured(4) == r0["ladder"]                               # the re-projection: every rank
+    assert measured(5) == [r for r in r0["ladder"] if r <= 8]

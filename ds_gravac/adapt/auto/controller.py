@@ -6,6 +6,10 @@
   rank no matrix can pay for (:data:`PLAIN`), which the low-rank compressors send *plain* — its values, summed in
   the same all-reduce, and its error memory cleared. A step whose groups are all dense is a dense step (the warm
   start then follows the exact average and every ladder rank is measured).
+* **Re-projection before a raise**: a group whose new code raises its rank (from a lower rank, or from dense,
+  whose factors a plain step does not move) travels plain for the decision's step at :data:`REPROJECT` — its
+  warm start takes one power iteration on the exact average and every rank of it is measured — and at the new
+  rank from the next step on.
 * **Decision** at steps ``start + k·I``: rank 0 prices every rung (``timing.Pricer`` over the agreed fits of the
   link timed at attach, ``timing.measure_link``, or the nominal link of ``auto.link_gbit_s``), takes every
   rung's unsent energy from the agreed per-group signals (``signals.GroupErrors``), and solves the knapsack with
@@ -32,6 +36,7 @@ import torch
 
 from ...config import GravacConfig
 from ...errors import GravacConfigError
+from ...compress.lowrank_base import PLAIN, REPROJECT
 from ...sync.aggregate_gain import GroupSpec
 from ...sync.cost_model.fits import ALL_REDUCE, FitTable
 from ..base import AgreedStats, Controller, ControllerContext, StepDecision
@@ -40,7 +45,6 @@ from .signals import GroupErrors
 from .solver import Hysteresis, totals
 from .timing import GEMM, Pricer, link_fits
 
-PLAIN = float(1 << 30)       # a rank above min(n, m): never pays, so the matrix travels plain (dense)
 FIRST_SIGNAL_STEP = 2        # step 0's signals arrive with step 1's statistics: the first plan at step 2
 STATE_VERSION = 1
 STEP_TIMES_KEPT = 100000     # a bound on the interval's measured steps (an interval is at most 100,000 steps)
@@ -71,6 +75,8 @@ class AutoController(Controller):
         self.prev_codes: list[int] = []             # the codes of the interval before the current one
         self.step_times: list[float] = []           # this interval's agreed measured steps (mean over ranks)
         self._levels: dict[str, float] = {}
+        self.reproject: list[int] = []              # groups raised by the last decision: plain at REPROJECT ...
+        self.reproject_step = -1                    # ... on this step (the decision's), then at their new rank
         self._fits: Optional[FitTable] = None        # re-timed link (auto.remeasure_decisions), newer than attach's
         self._priced: Optional[tuple[tuple, list[list[float]]]] = None    # (pricer key, times): derived, not state
 
@@ -224,6 +230,11 @@ class AutoController(Controller):
         if switched:
             self.log_event(step, "auto_switch", codes=codes, tight=tight)
         self.decisions += 1
+        # after an all-dense interval every warm start followed the exact average on every step: nothing to do
+        fresh = all(g.ladder[c].family != LOWRANK for g, c in zip(self.groups, self.codes))
+        self.reproject = [] if fresh else [g for g, (old, new) in enumerate(zip(self.codes, codes))
+                                           if self._raises(g, old, new)]
+        self.reproject_step = step
         ran = self.codes
         self.prev_codes, self.codes, self.tight = ran, codes, tight
         self._levels = self._member_levels(codes)
@@ -239,6 +250,14 @@ class AutoController(Controller):
         self.step_times = []
         return switched
 
+    def _raises(self, g: int, old: int, new: int) -> bool:
+        """Whether code ``new`` sends group ``g`` at a rank whose factor columns the group's recent steps did not
+        project: a higher rank than ``old``'s, or any rank after dense (plain steps leave the warm start alone)."""
+        ladder = self.groups[g].ladder
+        if ladder[new].family != LOWRANK:
+            return False
+        return ladder[old].family != LOWRANK or float(ladder[new].value) > float(ladder[old].value)
+
     # ---- every step ---------------------------------------------------------------------------------------
     def decide(self, step: int, lr: float, force_dense: bool = False) -> StepDecision:
         """Track the agreed learning rate (a drop tightens the next decisions), then send the accepted codes."""
@@ -248,9 +267,14 @@ class AutoController(Controller):
             self.log_event(step, "auto_lr_drop", lr=lr, prev_lr=self.prev_lr, tight_until=self.tight_until)
         if math.isfinite(lr):
             self.prev_lr = lr
-        if force_dense or all(g.ladder[c].family != LOWRANK for g, c in zip(self.groups, self.codes)):
+        raised = set(self.reproject) if step == self.reproject_step else set()
+        if force_dense or all(g.ladder[c].family != LOWRANK or i in raised
+                              for i, (g, c) in enumerate(zip(self.groups, self.codes))):
             return StepDecision(step=step, branch="dense", send_level=1.0, forced_dense=force_dense)
-        return StepDecision(step=step, branch="cand", send_level=REFERENCE[LOWRANK], layer_levels=self._levels)
+        levels = self._levels
+        if raised:
+            levels = {**levels, **{m: REPROJECT for i in sorted(raised) for m in self.groups[i].members}}
+        return StepDecision(step=step, branch="cand", send_level=REFERENCE[LOWRANK], layer_levels=levels)
 
     # ---- telemetry and state ------------------------------------------------------------------------------
     def telemetry(self) -> dict[str, Any]:
@@ -270,7 +294,8 @@ class AutoController(Controller):
                 "codes": list(self.codes), "prev_codes": list(self.prev_codes), "step_times": list(self.step_times),
                 "changed_at": list(self.hyst.changed_at), "decisions": self.decisions,
                 "tight_until": self.tight_until, "prev_lr": self.prev_lr, "tight": self.tight,
-                "last": dict(self.last), "signals": self.signals.state_dict()}
+                "last": dict(self.last), "signals": self.signals.state_dict(),
+                "reproject": list(self.reproject), "reproject_step": self.reproject_step}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if state.get("mode", self.mode) != self.mode:
@@ -289,7 +314,9 @@ class AutoController(Controller):
         self.tight = bool(state["tight"])
         self.last = {**self.last, **{k: float(v) for k, v in state["last"].items()}}
         self.signals.load_state_dict(state["signals"])
+        self.reproject = [int(g) for g in state.get("reproject", [])]
+        self.reproject_step = int(state.get("reproject_step", -1))
         self._levels = self._member_levels(self.codes)
 
 
-__all__ = ["AutoController", "PLAIN"]
+__all__ = ["AutoController", "PLAIN", "REPROJECT"]
