@@ -111,19 +111,29 @@ def _job(rank: int, world: int, gravac: dict, poison: str, skip_batch_only: bool
             "branches": [(r["step"], r["branch"], r["nonfinite"]) for r in records]}
 
 
-@pytest.fixture(scope="module", params=[("static", "inf"), ("static", "nan"), ("gravac", "inf"),
-                                        ("gravac", "nan"), ("powersgd", "inf"), ("acpsgd", "inf")],
-                ids=lambda p: f"{p[0]}-{p[1]}")
-def runs(request: pytest.FixtureRequest) -> tuple[list, list]:
-    mode, poison = request.param
-    gravac = {"static": STATIC, "gravac": GRAVAC}.get(mode) or LOWRANK[mode]
-    both = run_ranks(_pair_job, 2, gravac, poison)          # one spawn of the ranks for both loops
+CASES = [("static", "inf"), ("static", "nan"), ("gravac", "inf"), ("gravac", "nan"), ("powersgd", "inf"),
+         ("acpsgd", "inf")]
+
+
+@pytest.fixture(scope="module")
+def all_runs() -> list[dict]:
+    """One spawn of the ranks for every case (fresh engines per loop; the spawn is the costly part)."""
+    return run_ranks(_cases_job, 2)
+
+
+@pytest.fixture(params=CASES, ids=lambda p: f"{p[0]}-{p[1]}")
+def runs(request: pytest.FixtureRequest, all_runs: list[dict]) -> tuple[list, list]:
+    both = [ranks[request.param] for ranks in all_runs]
     return [r[0] for r in both], [r[1] for r in both]
 
 
-def _pair_job(rank: int, world: int, gravac: dict, poison: str) -> tuple[dict, dict]:
-    """The poisoned loop, then the loop that skips the batch, one after the other on the same ranks."""
-    return _job(rank, world, gravac, poison, False), _job(rank, world, gravac, poison, True)
+def _cases_job(rank: int, world: int) -> dict:
+    """Per case, the poisoned loop, then the loop that skips the batch, one after the other on the same ranks."""
+    out = {}
+    for mode, poison in CASES:
+        gravac = {"static": STATIC, "gravac": GRAVAC}.get(mode) or LOWRANK[mode]
+        out[(mode, poison)] = (_job(rank, world, gravac, poison, False), _job(rank, world, gravac, poison, True))
+    return out
 
 
 def test_parameters_equal_a_loop_that_skipped_the_batch(runs: tuple[list, list]) -> None:

@@ -49,6 +49,14 @@ def launch(args: list[str], launcher: str = "deepspeed", timeout: float = 240,
     return proc
 
 
+def single(args: list[str], timeout: float = 240) -> subprocess.CompletedProcess:
+    """One rank without a launcher (a world of 1): for what a runner checks before or without its peers."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", WANDB_MODE="offline", RANK="0",
+               LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=_free_port())
+    return subprocess.run([sys.executable] + args, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
 def _write_config(path: str, source: str, **gravac: Any) -> str:
     with open(os.path.join(ROOT, "ds_configs", source), encoding="utf-8") as f:
         cfg = json.load(f)
@@ -234,15 +242,16 @@ def test_grad_jitter_perturbs_only_after_the_first_backward(work: dict, plain: d
 
 
 def test_grad_jitter_is_refused_under_zero(work: dict, tmp_path: Any) -> None:
-    """ZeRO keeps its gradients out of ``p.grad``: the jitter would silently do nothing, so it is refused."""
+    """ZeRO keeps its gradients out of ``p.grad``: the jitter would silently do nothing, so it is refused (on
+    every rank alike, from the config alone: one rank shows it)."""
     with open(work["config"], encoding="utf-8") as f:
         cfg = json.load(f)
     cfg["zero_optimization"] = {"stage": 1}
     path = tmp_path / "zero1.json"
     path.write_text(json.dumps(cfg))
-    proc = launch([CIFAR, "--deepspeed_config", str(path), "--micro-batch", "8", "--steps", "1", "--system",
+    proc = single([CIFAR, "--deepspeed_config", str(path), "--micro-batch", "8", "--steps", "1", "--system",
                    "deepspeed", "--no-wandb", "--grad-jitter", "1e-6", "--log-dir", str(tmp_path / "log")]
-                  + TINY_CIFAR, check=False)
+                  + TINY_CIFAR)
     assert proc.returncode != 0
     assert "--grad-jitter needs ZeRO stage 0; this config has stage 1" in proc.stdout + proc.stderr
 
@@ -305,11 +314,12 @@ def test_ddp_powersgd_runs_and_resumes_exactly(work: dict, full: dict, tmp_path:
 
 
 def test_missing_cifar_files_give_a_clear_error(tmp_path: Any) -> None:
-    proc = launch([CIFAR, "--deepspeed_config", "ds_configs/resnet101_dense.json", "--dataset", "cifar10",
+    """Read before any distributed work (every rank alike), so one rank shows it."""
+    proc = single([CIFAR, "--deepspeed_config", "ds_configs/resnet101_dense.json", "--dataset", "cifar10",
                    "--data-dir", str(tmp_path / "nothing"), "--steps", "1", "--no-wandb",
-                   "--log-dir", str(tmp_path / "log")] + TINY_CIFAR, check=False, timeout=120)
+                   "--log-dir", str(tmp_path / "log")] + TINY_CIFAR, timeout=120)
     out = proc.stdout + proc.stderr
-    assert proc.returncode != 0
+    assert proc.returncode == 2
     assert "error: cifar10 files not found" in out and "--download" in out and "--dataset synthetic" in out
     assert "Traceback" not in out
 
