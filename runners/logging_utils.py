@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from ds_gravac.adapt.base import BRANCH_CODES
+from ds_gravac.decision import BRANCH_CODES
 from ds_gravac.telemetry.sinks import JsonlSink, numeric_metrics
 
 from .auto_heatmap import PREFIX as AUTO_LEVEL

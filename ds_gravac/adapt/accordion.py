@@ -22,7 +22,8 @@ import torch
 
 from ..config import GravacConfig
 from ..errors import GravacConfigError
-from .base import BRANCH_CODES, Controller, ControllerContext, StepDecision
+from ..decision import BRANCH_CODES, StepDecision
+from .base import Controller, ControllerContext
 from ..compress.kinds import LevelKind
 from .levels import DEFAULT_LEVELS, accordion_levels
 

@@ -6,9 +6,7 @@ so every rank takes the same branch and launches the same collectives.
 from __future__ import annotations
 
 import collections
-import enum
 import json
-import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -17,53 +15,8 @@ import torch
 from ..config import GravacConfig
 from ..compress.base import stable_hash
 from ..compress.kinds import GainKind, LevelKind, Multilevel
-from ..telemetry.stats import MAX_PROBES, AgreedStats
-
-
-class Branch(str, enum.Enum):
-    """What the compressible tensors send in one step (GraVAC's three branches; other controllers use two)."""
-
-    DENSE = "dense"     # uncompressed (the compensated input g + r, and the memory is cleared)
-    MIN = "min"         # GraVAC's fallback level θ_min
-    CAND = "cand"       # the candidate level θ_c (static and Accordion always send "cand")
-
-    def __str__(self) -> str:
-        return self.value
-
-
-BRANCH_CODES = {"dense": 0, "min": 1, "cand": 2}   # telemetry codes; index with str(branch)
-
-
-@dataclass(frozen=True)
-class StepDecision:
-    """What step ``step`` sends and measures. Frozen: created once per step at the decision point."""
-
-    step: int
-    branch: Branch                                # plain strings ("dense", "min", "cand") are converted
-    send_level: float                             # CF sent by compressible tensors (1.0 for dense)
-    probe_levels: tuple[float, ...] = ()          # gains measured this step, one stats slot each
-    layer_levels: Optional[Mapping[str, float]] = None   # per-tensor overrides (Accordion)
-    deferred: bool = False                        # strict mode: branch chosen after the pre-send exchange
-    forced_dense: bool = False                    # synchronizer-forced dense step (discovery / resume)
-
-    def __post_init__(self) -> None:
-        try:
-            object.__setattr__(self, "branch", Branch(self.branch))
-        except ValueError:
-            raise ValueError(f"ds_gravac: unknown branch {self.branch!r}") from None
-        if len(self.probe_levels) > MAX_PROBES:
-            raise ValueError(f"ds_gravac: at most {MAX_PROBES} probe levels per step")
-
-    @property
-    def dense(self) -> bool:
-        return self.branch == Branch.DENSE
-
-    def level_for(self, name: str) -> float:
-        if self.branch == Branch.DENSE:
-            return 1.0
-        if self.layer_levels is not None and name in self.layer_levels:
-            return float(self.layer_levels[name])
-        return float(self.send_level)
+from ..decision import BRANCH_CODES, MAX_PROBES, Branch, StepDecision
+from ..telemetry.stats import AgreedStats
 
 
 @dataclass(frozen=True)
@@ -172,3 +125,7 @@ class Controller:
     def state_checksum(self) -> int:
         """52-bit digest of the replicated state (exact in float64) for ``agreement_check_interval``."""
         return stable_hash(json.dumps(self.replicated_state(), sort_keys=True, default=str)) >> 11
+
+
+# the decision types live in ds_gravac.decision; importable from here as before
+__all__ = ["AgreedStats", "BRANCH_CODES", "Branch", "Controller", "ControllerContext", "MAX_PROBES", "StepDecision"]

@@ -18,7 +18,8 @@ from typing import Any, Mapping, Optional
 
 from ..compress.kinds import GainKind
 from ..config import GravacConfig
-from .base import BRANCH_CODES, MAX_PROBES, AgreedStats, Branch, Controller, ControllerContext, StepDecision
+from ..decision import BRANCH_CODES, MAX_PROBES, Branch, StepDecision
+from .base import AgreedStats, Controller, ControllerContext
 from .gravac_records import CandidateSequence, GainRecord, Phase, ThroughputRecord
 from .gravac_state import gravac_state_dict, load_gravac_state
 from .levels import gravac_range

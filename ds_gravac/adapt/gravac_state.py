@@ -9,7 +9,7 @@ import math
 from typing import Any, Mapping, Optional, Protocol
 
 from ..errors import GravacConfigError
-from .base import Branch
+from ..decision import Branch
 from .gravac_records import GainRecord, Phase, ThroughputRecord, records_to_rows, rows_to_records
 
 STATE_VERSION = 1

@@ -4,7 +4,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import GravacConfig
-from .base import AgreedStats, Controller, ControllerContext, StepDecision
+from ..decision import StepDecision
+from .base import AgreedStats, Controller, ControllerContext
 
 
 class DenseController(Controller):

@@ -8,11 +8,9 @@ the real count can be recovered from the payload alone (``sparse_select.real_cou
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Literal, Optional
 
 import torch
-from pydantic import Field, field_validator
 
 from . import sparse_select as sel
 from .base import (CompressCtx, Compressor, CompressorParams, Kind, Payload, Section, TensorPlan, k_for,

@@ -17,7 +17,7 @@ import torch
 
 from ..adapt import Controller, build_controller
 from ..adapt.auto.timing import link_fits
-from ..adapt.base import Branch, StepDecision
+from ..decision import Branch, StepDecision
 from ..compress.base import Compressor, Kind, LevelKind
 from ..config import GravacConfig, parse_config
 from ..errors import GravacConfigError, GravacError, GravacUnsupportedError
@@ -26,11 +26,13 @@ from ..integration.engine import _resolve_section, _trainable, ready_compressor
 from ..integration.validation import validate_engine
 from ..sync.aggregate_gain import check_aggregate_gain
 from ..sync.buckets import Bucket, BucketPlan, sync_members
+from ..sync.codec import SendLayout
 from ..sync.collectives import ring_allreduce_bytes
 from ..sync.cost_model.fits import ALL_REDUCE, FitTable
 from ..sync.cost_model.predict import PRICED, compressed_time, dense_time
 from ..sync.cost_model.selector import CostModelSelector, check_priceable, chunk_limit, exchange_candidates
-from ..sync.exchange import DenseAllReduce, chunk_spans, exchange_name, payload_exchange
+from ..sync.exchange import DenseAllReduce, Exchange, chunk_spans, exchange_name, payload_exchange
+from ..sync.exchange.base import Codec
 from ..sync.memory import ErrorFeedbackMemory
 from ..sync.planner import Planner
 from ..sync.reduce_rule import ReduceRule
@@ -112,7 +114,7 @@ def levels_text(comp: Compressor, levels: Sequence[float]) -> str:
     return f"{level_text(comp, distinct[0])} .. {level_text(comp, distinct[-1])} (per tensor)"
 
 
-def _selector(plan: Plan, cfg: GravacConfig, comp: Compressor, pattern: Any, rule: ReduceRule,
+def _selector(plan: Plan, cfg: GravacConfig, comp: Compressor, pattern: type[Exchange], rule: ReduceRule,
               fits: FitTable) -> Selector:
     """The threshold rules, or the cost model's choices from the nominal link's fits (at run time it chooses
     from the fits it measures at attach)."""
@@ -156,8 +158,8 @@ def first_decision(cfg: GravacConfig, controller: Controller, plan: Plan) -> Ste
     return decision
 
 
-def wire_seconds(fits: FitTable, name: str, bucket: Bucket, world_size: int, codec: Any, action: BucketAction,
-                 layout: Any) -> float:
+def wire_seconds(fits: FitTable, name: str, bucket: Bucket, world_size: int, codec: Codec, action: BucketAction,
+                 layout: SendLayout) -> float:
     """The cost model's seconds for a compressed bucket (``predict.compressed_time``); the two-round low-rank
     exchange, which it does not price, as its two all-reduces."""
     plans = codec.plans(action.levels)

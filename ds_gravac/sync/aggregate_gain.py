@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 
 from ..compress.base import Compressor, stable_hash
+from ..config import GravacConfig
 from ..errors import GravacConfigError
 from ..telemetry.stats import MAX_PROBES
 
@@ -85,7 +86,7 @@ class AggregateSample:
     groups: tuple[GroupSignal, ...] = ()   # with a GroupSpec: per group
 
 
-def check_aggregate_gain(config: Any, comp: Compressor) -> None:
+def check_aggregate_gain(config: GravacConfig, comp: Compressor) -> None:
     """``gain_denominator: "aggregate"`` needs a compressor that reports its aggregate's component energies."""
     if config.gravac.gain_denominator == "aggregate" and config.mode == "gravac" and not comp.aggregate_gain:
         raise GravacConfigError(

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import torch
 
-from ..compress.base import stable_hash
+from ..compress.base import Compressor, stable_hash
+from ..config import GravacConfig
 
 logger = logging.getLogger("ds_gravac")
 
@@ -65,7 +66,7 @@ def classify(named_params: Sequence[tuple[str, torch.Tensor]], accepts: Callable
     return members
 
 
-def sync_members(named_params: Sequence[tuple[str, torch.Tensor]], config: Any, compressor: Any) -> list[Member]:
+def sync_members(named_params: Sequence[tuple[str, torch.Tensor]], config: GravacConfig, compressor: Compressor) -> list[Member]:
     """The members a synchronizer plans with (attach and ``python -m ds_gravac.plan`` alike): nothing is
     compressible in mode ``dense`` or with the ``none`` compressor."""
     enabled = config.mode != "dense" and compressor.name != "none"

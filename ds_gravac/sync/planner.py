@@ -6,8 +6,6 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Optional
 
-import torch
-
 from ..compress.base import CompressCtx, Compressor, Kind
 from ..compress.optimizers import live_param_groups
 from ..config import GravacConfig
@@ -22,14 +20,14 @@ from .server_memory import ServerResiduals
 from .step_plan import DEFERRED, DENSE, ActionKind, BucketAction, StepPlan, compress
 
 if TYPE_CHECKING:
-    from ..adapt.base import StepDecision
+    from ..decision import StepDecision
 
 
 class Planner:
     """Bucket plan, codecs and per-step actions of one engine."""
 
     def __init__(self, engine: Any, config: GravacConfig, compressor: Compressor, members: list[Member],
-                 memory: ErrorFeedbackMemory, pattern: Any, rule: ReduceRule, rank: int, world_size: int,
+                 memory: ErrorFeedbackMemory, pattern: type[Exchange], rule: ReduceRule, rank: int, world_size: int,
                  server: Optional[ServerResiduals] = None, selector: Optional[Selector] = None) -> None:
         self.config, self.comp, self.members, self.memory = config, compressor, members, memory
         self.server = server if server is not None else ServerResiduals(False, world_size)   # quantizers' owner state
@@ -83,7 +81,7 @@ class Planner:
         cost model predicts no gain)."""
         return self.choice(b, levels).dense
 
-    def pattern_of(self, action: BucketAction) -> Any:
+    def pattern_of(self, action: BucketAction) -> type[Exchange]:
         """The exchange pattern class of a compressed bucket's action."""
         return PATTERNS[action.exchange] if action.exchange else self.pattern
 

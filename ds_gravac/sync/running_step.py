@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
-
 import torch
 
 from ..telemetry.stats import StepStats
 from .codec import SendLayout
+from .collectives import Channels
 from .exchange import Exchange
 from .step_plan import StepPlan
 
@@ -34,7 +33,7 @@ class RunningStep:
     observed: bool = False                               # the controller has seen this step's statistics
     loss_scale: float = 1.0                              # fp16 loss scale of this backward (ZeRO-1/2), else 1
 
-    def issue_later_rounds(self, max_rounds: int, num_buckets: int, channels: Any, block: bool) -> None:
+    def issue_later_rounds(self, max_rounds: int, num_buckets: int, channels: Channels, block: bool) -> None:
         """Rounds after the first, strictly in plan order per round: round r runs on its own channel, so every
         rank issues the same sequence there whatever the timing. During backward (``block`` false) a bucket
         advances only once its previous round has completed and every earlier bucket has advanced; at the end

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..config import GravacConfig
 from .reduce_rule import ReduceRule
@@ -21,6 +21,8 @@ from .reduce_rule import ReduceRule
 if TYPE_CHECKING:
     from .buckets import BucketPlan
     from .codec import BucketCodec
+    from .exchange.base import Codec, Exchange
+    from .running_step import RunningStep
 
 
 @dataclass(frozen=True)
@@ -48,11 +50,11 @@ class PlannedBuckets(Protocol):
 class Selector(Protocol):
     version: int
 
-    def choose(self, codec: Any, levels: tuple[float, ...]) -> Choice: ...
+    def choose(self, codec: "Codec", levels: tuple[float, ...]) -> Choice: ...
 
     def prepare(self, planner: PlannedBuckets) -> None: ...
 
-    def after_step(self, run: Any, planner: PlannedBuckets, nonfinite: bool) -> dict[str, Any]: ...
+    def after_step(self, run: "RunningStep", planner: PlannedBuckets, nonfinite: bool) -> dict[str, Any]: ...
 
 
 class ThresholdSelector:
@@ -61,10 +63,10 @@ class ThresholdSelector:
 
     version = 0
 
-    def __init__(self, config: GravacConfig, pattern: Any, rule: ReduceRule, world_size: int) -> None:
+    def __init__(self, config: GravacConfig, pattern: "type[Exchange]", rule: ReduceRule, world_size: int) -> None:
         self.config, self.pattern, self.rule, self.world_size = config, pattern, rule, world_size
 
-    def choose(self, codec: Any, levels: tuple[float, ...]) -> Choice:
+    def choose(self, codec: "Codec", levels: tuple[float, ...]) -> Choice:
         words = sum(p.words for p in codec.plans(levels))
         return Choice(self.config.sparse_fallback
                       and not self.pattern.pays(words, codec.bucket.numel, self.world_size, self.rule))
@@ -72,5 +74,5 @@ class ThresholdSelector:
     def prepare(self, planner: PlannedBuckets) -> None:
         """Nothing to measure."""
 
-    def after_step(self, run: Any, planner: PlannedBuckets, nonfinite: bool) -> dict[str, Any]:
+    def after_step(self, run: "RunningStep", planner: PlannedBuckets, nonfinite: bool) -> dict[str, Any]:
         return {}

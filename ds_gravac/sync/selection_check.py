@@ -3,10 +3,13 @@ different indices (another seed, another library version), their payloads would 
 into garbage without any error. At the first compressed step the ranks compare digests of what they selected."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..compress.base import Compressor, stable_hash
 from .collectives import check_agreement
+
+if TYPE_CHECKING:
+    from .exchange.base import Codec
 
 
 class SharedSelectionCheck:
@@ -17,7 +20,7 @@ class SharedSelectionCheck:
         self.control = control
         self.digests: list[int] = []
 
-    def record(self, codec: Any, levels: tuple[float, ...]) -> None:
+    def record(self, codec: "Codec", levels: tuple[float, ...]) -> None:
         if self.active:
             self.digests.append(codec.shared_selection_digest(levels))
 

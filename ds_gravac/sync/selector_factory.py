@@ -2,16 +2,19 @@
 them), so neither imports the other's user."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
+from ..compress.base import Compressor
 from ..config import GravacConfig
+from .collectives import Channels
 from .cost_model.model import CostModel
 from .reduce_rule import ReduceRule
+from .exchange.base import Exchange
 from .selection import Selector, ThresholdSelector
 
 
-def make_selector(config: GravacConfig, compressor: Any, pattern: Any, rule: ReduceRule, world_size: int,
-                  channels: Optional[Any] = None) -> Selector:
+def make_selector(config: GravacConfig, compressor: Compressor, pattern: type[Exchange], rule: ReduceRule,
+                  world_size: int, channels: Optional[Channels] = None) -> Selector:
     """The strategy ``config.selection`` names (the cost model needs the channels to measure and agree)."""
     threshold = ThresholdSelector(config, pattern, rule, world_size)
     if config.selection != "cost_model" or channels is None or config.mode == "dense" or compressor.name == "none":

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Optional
 from ..compress.base import stable_hash
 
 if TYPE_CHECKING:
-    from ..adapt.base import StepDecision
+    from ..decision import StepDecision
 
 
 class ActionKind(enum.Enum):

@@ -52,7 +52,7 @@ from .step_plan import ActionKind, BucketAction
 from .update_space import UpdateSpace
 
 if TYPE_CHECKING:      # the synchronizer only carries decisions out; it never imports the controllers
-    from ..adapt.base import Controller, StepDecision
+    from ..adapt.base import Controller
 
 
 class Synchronizer:

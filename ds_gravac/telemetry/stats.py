@@ -15,9 +15,10 @@ from typing import Any, Union
 
 import torch
 
+from ..decision import MAX_PROBES, StepDecision
+
 Scalar = Union[float, torch.Tensor]    # a device value not read yet (ds_gravac.sync.deferred), or a float
 
-MAX_PROBES = 11   # θ_min, θ_c and up to 9 refresh CFs
 
 SUM_FIELDS = ("den", "den_raw") + tuple(f"num{j}" for j in range(MAX_PROBES)) + (
     "values_sent", "bytes_sent", "nonfinite", "t_iter_prev", "t_gain_prev")
@@ -72,7 +73,7 @@ class AgreedStats:
     """Cross-rank sums of one step's stats vector (identical on every rank)."""
 
     step: int
-    decision: Any                  # the controller's StepDecision of that step
+    decision: StepDecision         # the controller's decision of that step
     den: float                      # Σ_w ‖g_ef‖² over the model
     den_raw: float                  # Σ_w ‖g‖² (no residual), for gain_denominator "raw"
     nums: tuple[float, ...]         # Σ_w ‖C_θ(g_ef)‖² per probe slot (dense-classified tensors count fully)

@@ -39,7 +39,8 @@ from ...errors import GravacConfigError
 from ...compress.lowrank_base import PLAIN, REPROJECT
 from ...sync.aggregate_gain import GroupSpec
 from ...sync.cost_model.fits import ALL_REDUCE, FitTable
-from ..base import AgreedStats, Controller, ControllerContext, StepDecision
+from ...decision import StepDecision
+from ..base import AgreedStats, Controller, ControllerContext
 from .ladder import LOWRANK, RANKS, REFERENCE, Group, Level, build_groups, uniform_codes
 from .signals import GroupErrors
 from .solver import Hysteresis, totals

@@ -26,7 +26,7 @@ core, the codec runs on it, and gloo's threads take CPU from backward while they
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
 from ...compress.qsgd import QSGD as QSGDCompressor
 from ...compress.qsgd import QSGDParams
@@ -34,6 +34,9 @@ from ...compress.topk import TopK
 from ...sync.cost_model.fits import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, STAGE, WRITEBACK, FitTable, LinearFit
 from ...sync.cost_model.predict import compressed_time, dense_time
 from .ladder import DENSE, LOWRANK, QSGD, SPARSE, Group, Level
+
+if TYPE_CHECKING:
+    from ...sync.collectives import Channels
 
 GEMM = "gemm"                    # seconds = A·calls + B·multiply-adds (fp32, one thread)
 LOWRANK_CALLS = 5                # BLAS calls per matrix and step: P = X·Q, Q = Xᵀ·P, G = P·Qᵀ, two QRs
@@ -181,7 +184,7 @@ def calibrate_gemm(shapes: Sequence[tuple[int, int, int]] = ((256, 2304, 16), (5
     return least_squares(samples)
 
 
-def measure_link(probe_bytes: Sequence[int], repeats: int, channels: Any) -> FitTable:
+def measure_link(probe_bytes: Sequence[int], repeats: int, channels: "Channels") -> FitTable:
     """Every rank, at attach: time the all-reduce at ``probe_bytes`` on the first data channel and the ``gemm``
     line on this core, fit both, and agree on them (MAX of each coefficient over ranks, the cost model's rule), so
     that every rank prices the plan from the same pessimistic table."""

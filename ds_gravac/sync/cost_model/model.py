@@ -24,6 +24,7 @@ from .selector import CostModelSelector, check_priceable, chunk_limit, exchange_
 
 if TYPE_CHECKING:
     from ..buckets import BucketPlan
+    from ..running_step import RunningStep
 
 MIN_SPAN = 4.0      # a window whose sizes span less than this borrows the calibration points
 
@@ -65,7 +66,7 @@ class CostModel(CostModelSelector):
         self.calibration_s = time.perf_counter() - t0
 
     # ---- every step ---------------------------------------------------------------------------------------
-    def after_step(self, run: Any, planner: PlannedBuckets, nonfinite: bool) -> dict[str, Any]:
+    def after_step(self, run: "RunningStep", planner: PlannedBuckets, nonfinite: bool) -> dict[str, Any]:
         """Keep the step's samples, refit on agreed steps, and return the record's cost-model keys."""
         codecs = planner.codecs
         for b, action in enumerate(run.plan.actions):        # levels sent are agreed (the plan is)
@@ -98,7 +99,7 @@ class CostModel(CostModelSelector):
                 local[name] = self.fits.get(name) if self.fits is not None else ZERO
         self.set_fits(agree(FitTable(local), self.channels))
 
-    def record(self, run: Any, plan: "BucketPlan") -> dict[str, Any]:
+    def record(self, run: "RunningStep", plan: "BucketPlan") -> dict[str, Any]:
         """Per compressible bucket: choice, exchange, pipeline chunks, predicted dense and compressed seconds,
         measured seconds (launch to the return of its last wait)."""
         rows, predicted, measured = [], 0.0, 0.0

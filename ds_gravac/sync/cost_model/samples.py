@@ -9,14 +9,19 @@
 """
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from .fits import decode_key, encode_key
+
+if TYPE_CHECKING:
+    from ..collectives import Work
+    from ..exchange.base import Codec, Exchange
+    from ..running_step import RunningStep
 
 Sample = tuple[float, float, float]            # (calls, x, seconds)
 
 
-def codec_samples(run: Any, codecs: dict[int, Any], own_exchange: str, world_size: int
+def codec_samples(run: "RunningStep", codecs: "dict[int, Codec]", own_exchange: str, world_size: int
                   ) -> Iterator[tuple[str, Sample]]:
     """``(name, sample)`` for the encode and decode of every compressed bucket sent at a single level."""
     for b, action in enumerate(run.plan.actions):
@@ -35,9 +40,9 @@ def codec_samples(run: Any, codecs: dict[int, Any], own_exchange: str, world_siz
             yield decode_key(level), (rows * calls, rows * numel, run.decode_s[b])
 
 
-def collective_samples(exchanges: dict[int, Any]) -> Iterator[tuple[str, Sample]]:
+def collective_samples(exchanges: "dict[int, Exchange]") -> Iterator[tuple[str, Sample]]:
     """``(kind, sample)`` of every data collective whose end was observed (see the module docstring)."""
-    per_channel: dict[int, list[Any]] = {}
+    per_channel: dict[int, list["Work"]] = {}
     for ex in exchanges.values():
         for r, work in ex.channel_works():
             if work.kind:

@@ -11,9 +11,9 @@ rules answer.
 """
 from __future__ import annotations
 
-from typing import Any, Iterator, Optional
+from typing import TYPE_CHECKING, Iterator, Optional
 
-from ...compress.base import Compressor, Kind
+from ...compress.base import Compressor, Kind, TensorPlan
 from ...config import GravacConfig
 from ...errors import GravacUnsupportedError
 from ..exchange import chunk_counts, chunk_spans, exchange_name, owners_average
@@ -21,6 +21,9 @@ from ..reduce_rule import ReduceRule
 from ..selection import Choice, ThresholdSelector
 from .fits import FitTable
 from .predict import CHUNKED, PRICED, compressed_time, dense_time
+
+if TYPE_CHECKING:
+    from ..exchange.base import Codec
 
 
 def exchange_candidates(quantized_exchange: str, compressor: Compressor) -> tuple[str, ...]:
@@ -68,7 +71,7 @@ class CostModelSelector:
         self.fits = fits
         self.version += 1
 
-    def choose(self, codec: Any, levels: tuple[float, ...]) -> Choice:
+    def choose(self, codec: "Codec", levels: tuple[float, ...]) -> Choice:
         if self.fits is None:
             return self.fallback.choose(codec, levels)
         numel = codec.bucket.numel
@@ -78,7 +81,7 @@ class CostModelSelector:
         return Choice(dense=not best_t <= self.margin * dense, exchange=self.candidates[best],
                       pred_dense_s=dense, pred_compressed_s=best_t, chunks=chunks)
 
-    def _options(self, codec: Any, plans: list[Any]) -> Iterator[tuple[float, int, int]]:
+    def _options(self, codec: "Codec", plans: list[TensorPlan]) -> Iterator[tuple[float, int, int]]:
         """``(predicted seconds, candidate, chunks)`` of every candidate exchange at every chunk count it may use
         (ties: the compressor's own exchange, then fewer chunks)."""
         numel, sizes = codec.bucket.numel, [m.numel for m in codec.bucket.members]

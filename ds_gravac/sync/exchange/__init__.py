@@ -6,7 +6,6 @@ here and an entry in :data:`PATTERNS`.
 """
 from __future__ import annotations
 
-from typing import Any
 
 from ...compress.base import Compressor, Kind
 from ...compress.quantize import Quantizer
@@ -18,7 +17,7 @@ from .casync_ps import CaSyncPS
 from .chunked import ChunkedExchange, chunk_counts, chunk_spans
 from .two_round import TwoRoundAllReduce
 
-PATTERNS: dict[str, Any] = {"allreduce": PayloadAllReduce, "allgather": PayloadAllGather,
+PATTERNS: dict[str, type[Exchange]] = {"allreduce": PayloadAllReduce, "allgather": PayloadAllGather,
                             "two_round": TwoRoundAllReduce, "casync_ps": CaSyncPS, "half_allreduce": HalfAllReduce}
 
 
@@ -46,7 +45,7 @@ def owner_only_rerounds(compressor: Compressor) -> bool:
     return owners_average(compressor) and not compressor.server_error_feedback
 
 
-def payload_exchange(compressor: Compressor, quantized: str = "auto", world_size: int = 0) -> Any:
+def payload_exchange(compressor: Compressor, quantized: str = "auto", world_size: int = 0) -> type[Exchange]:
     """The pattern class of a compressor's payloads (see :func:`exchange_name`)."""
     name = exchange_name(compressor, quantized, world_size)
     try:

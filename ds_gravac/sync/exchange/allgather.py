@@ -1,20 +1,23 @@
 """All-gather of fixed-size word payloads (sparse ``(idx, val)`` and other non-summable encodings)."""
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import torch
 
 from ..collectives import all_gather_async, allgather_bytes
 from ..reduce_rule import ReduceRule
-from .base import Exchange
+from .base import Codec, Exchange
+
+if TYPE_CHECKING:
+    from ..codec import SendLayout
 
 
 class PayloadAllGather(Exchange):
     """Every rank receives every rank's payload (``[N, words]``) and decodes all rows, in rank order, into the
     same output: identical bytes and identical code give identical gradients on every rank."""
 
-    def __init__(self, codec: Any, layout: Any, world_size: int, what: str, bulk: bool) -> None:
+    def __init__(self, codec: Codec, layout: "SendLayout", world_size: int, what: str, bulk: bool) -> None:
         super().__init__(what)
         self.codec, self.layout, self.world_size, self.bulk = codec, layout, world_size, bulk
         self.recv = layout.buffers.get("allgather")

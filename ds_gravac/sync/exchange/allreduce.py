@@ -1,7 +1,7 @@
 """All-reduce patterns: DeepSpeed's exact dense all-reduce, and the all-reduce of summable payloads."""
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
@@ -9,6 +9,9 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from ..collectives import all_reduce_async, ring_allreduce_bytes
 from ..reduce_rule import ReduceRule
 from .base import Exchange
+
+if TYPE_CHECKING:
+    from ..codec import BucketCodec, SendLayout
 
 
 class DenseAllReduce(Exchange):
@@ -47,7 +50,7 @@ class DenseAllReduce(Exchange):
 class PayloadAllReduce(Exchange):
     """Summable payloads (fp32 sections that add elementwise, e.g. Random-k values): one all-reduce, one decode."""
 
-    def __init__(self, codec: Any, layout: Any, world_size: int, what: str, bulk: bool) -> None:
+    def __init__(self, codec: "BucketCodec", layout: "SendLayout", world_size: int, what: str, bulk: bool) -> None:
         super().__init__(what)
         self.codec, self.layout = codec, layout
         self.bytes_sent = ring_allreduce_bytes(4 * layout.words, world_size)

@@ -22,11 +22,18 @@ would change in step-local buffers until the scheduler commits. New patterns are
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar, Optional, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Optional, Sequence, Union
 
 import torch
 
 from ..collectives import Work
+
+if TYPE_CHECKING:
+    from ..codec import BucketCodec
+    from ..partition_codec import PartitionCodec
+
+# what a pattern encodes and decodes with: the bucket codec, or the partition codec of a quantizer
+Codec = Union["BucketCodec", "PartitionCodec"]
 
 
 class Exchange(ABC):

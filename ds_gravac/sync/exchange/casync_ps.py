@@ -13,7 +13,7 @@ ring all-reduce at the compressed size — against ``(N−1)·N·P`` for gatheri
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import torch
 
@@ -21,8 +21,12 @@ from ..collectives import all_gather_async, all_to_all_async
 from ..reduce_rule import ReduceRule
 from .base import Exchange
 
+if TYPE_CHECKING:
+    from ..codec import SendLayout
+    from ..partition_codec import PartitionCodec
 
-def _buffer(layout: Any, name: str, numel: int) -> torch.Tensor:
+
+def _buffer(layout: "SendLayout", name: str, numel: int) -> torch.Tensor:
     """A receive buffer cached on the layout (dropped with it when its level is no longer used)."""
     buf = layout.buffers.get(name)
     if buf is None:
@@ -35,7 +39,7 @@ class CaSyncPS(Exchange):
 
     rounds = 2
 
-    def __init__(self, codec: Any, layout: Any, world_size: int, what: str, bulk: bool) -> None:
+    def __init__(self, codec: "PartitionCodec", layout: "SendLayout", world_size: int, what: str, bulk: bool) -> None:
         super().__init__(what)
         self.codec, self.layout, self.world_size = codec, layout, world_size
         self.words = layout.words // world_size              # one partition's payload

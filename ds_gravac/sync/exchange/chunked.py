@@ -17,12 +17,15 @@ channel. Only single-round patterns over per-member payloads are chunked.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import torch
 
 from ..collectives import Work
-from .base import Exchange
+from .base import Codec, Exchange
+
+if TYPE_CHECKING:
+    from ..codec import SendLayout
 
 MIN_CHUNK_NUMEL = 4096          # a chunk is worth its collective's fixed cost only above this many elements
 
@@ -56,7 +59,7 @@ def chunk_spans(numels: Sequence[int], k: int) -> list[tuple[int, int]]:
 class ChunkedExchange(Exchange):
     """K exchanges of one single-round pattern, one per member group, issued in order as they are encoded."""
 
-    def __init__(self, codec: Any, layout: Any, levels: tuple[float, ...], pattern: Any,
+    def __init__(self, codec: Codec, layout: "SendLayout", levels: tuple[float, ...], pattern: type[Exchange],
                  spans: Sequence[tuple[int, int]], world_size: int, what: str, bulk: bool) -> None:
         super().__init__(what)
         if pattern.rounds != 1:

@@ -9,7 +9,7 @@ buckets never share a group, and no round waits on a collective that another ran
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import torch
 
@@ -17,13 +17,16 @@ from ..collectives import Work, all_reduce_async, ring_allreduce_bytes
 from ..reduce_rule import ReduceRule
 from .base import Exchange
 
+if TYPE_CHECKING:
+    from ..codec import BucketCodec, SendLayout
+
 
 class TwoRoundAllReduce(Exchange):
     """Round 1: the bucket's first payloads (factors and plain values); round 2: the second factors."""
 
     rounds = 2
 
-    def __init__(self, codec: Any, layout: Any, world_size: int, what: str, bulk: bool) -> None:
+    def __init__(self, codec: "BucketCodec", layout: "SendLayout", world_size: int, what: str, bulk: bool) -> None:
         super().__init__(what)
         self.codec, self.layout = codec, layout
         second = layout.round2.numel() if layout.round2 is not None else 0
