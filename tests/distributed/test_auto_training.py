@@ -109,6 +109,35 @@ def _scripted(rank: int, world: int) -> dict:
             "reprojected": reprojected, "ladder": ladder, "params": M.params_of(engine)}
 
 
+SLOW = 100.0      # rank 1 sees its all-reduce probes this many times slower than they ran
+
+
+def _one_slow_rank(rank: int, world: int) -> dict:
+    """``auto.link: "measure"`` with rank 1's probe timings scaled by SLOW (a rank behind a slower link): every
+    rank must price from the same agreed fits and apply the same codes."""
+    import ds_gravac
+    from ds_gravac.sync.cost_model import calibrate
+    taken: dict = {}
+    original = calibrate.collective_samples
+
+    def samples(*args: Any, **kwargs: Any) -> dict:
+        out = original(*args, **kwargs)
+        if rank == 1:
+            out = {k: [(c, x, t * SLOW) for c, x, t in v] for k, v in out.items()}
+        taken.setdefault("samples", out)
+        return out
+    calibrate.collective_samples = samples
+    try:
+        engine = _engine(world, MEASURED)
+        M.train(engine, rank, 5)
+    finally:
+        calibrate.collective_samples = original
+    ctl = ds_gravac.get_handle(engine).controller
+    fits = ctl.ctx.cost_fits()
+    return {"samples": taken["samples"], "fits": {k: (fits.get(k).a, fits.get(k).b) for k in fits.names()},
+            "records": _records(engine), "params": M.params_of(engine)}
+
+
 def _job(rank: int, world: int, save_dir: str) -> dict:
     import ds_gravac
     straight = _engine(world)
@@ -149,7 +178,8 @@ def _job(rank: int, world: int, save_dir: str) -> dict:
             "resumed_params": M.params_of(resumed), "resumed_records": _records(resumed),
             "saved_state": saved_state, "loaded_state": loaded_state, "members": members, "grads": grads,
             "signals": signals, "refit_events": refit_events, "refit_records": _records(refit),
-            "refit_params": M.params_of(refit), "scripted": _scripted(rank, world)}
+            "refit_params": M.params_of(refit), "scripted": _scripted(rank, world),
+            "one_slow": _one_slow_rank(rank, world)}
 
 
 @pytest.fixture(scope="module")
@@ -304,3 +334,19 @@ def test_a_raised_group_is_reprojected_for_one_step_on_both_ranks(results: list[
     assert measured(3) == [r for r in r0["ladder"] if r <= 2]        # a rank-2 step measures rank 2 only
     assert measured(4) == r0["ladder"]                               # the re-projection: every rank
     assert measured(5) == [r for r in r0["ladder"] if r <= 8]
+
+
+def test_a_rank_behind_a_slower_link_changes_nothing_between_the_ranks(results: list[dict]) -> None:
+    """Rank 1 times its all-reduce probes 100x slower: the agreed fit is the MAX of the ranks' own fits (each
+    refitted here by least squares from the samples it took), and both ranks apply the same codes and parameters."""
+    from ds_gravac.sync.cost_model.fits import least_squares
+    r0, r1 = (res["one_slow"] for res in results)
+    local = [least_squares(r["samples"]["all_reduce"]) for r in (r0, r1)]
+    assert local[1].b > 10 * local[0].b                       # the ranks really disagree on their own
+    assert r0["fits"] == r1["fits"]
+    a, b = r0["fits"]["all_reduce"]
+    assert a == pytest.approx(max(f.a for f in local), rel=1e-9, abs=1e-15)
+    assert b == pytest.approx(max(f.b for f in local), rel=1e-9)
+    assert r0["records"] == r1["records"]
+    for name, value in r0["params"].items():
+        assert torch.equal(value, r1["params"][name]), name
