@@ -30,6 +30,7 @@ $(STAMP): setup.py constraints.txt
 	$(PY) -m pip install -q -c constraints.txt -e ".[hf,wandb,bench,test]"
 	$(PY) -c 'import site, sys; open(site.getsitepackages()[0] + "/ds_gravac_repo.pth", "w").write(sys.argv[1] + "\n")' "$(CURDIR)"
 	$(PY) runners/warm_ops.py
+	@grep -q TORCH_EXTENSIONS_DIR $(VENV)/bin/activate || echo 'export TORCH_EXTENSIONS_DIR="$(CURDIR)/$(VENV)/torch_extensions"  # the op make setup compiled' >> $(VENV)/bin/activate
 	@touch $(STAMP)
 
 setup: $(STAMP)

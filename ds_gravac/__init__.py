@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from .version import __version__  # noqa: E402
@@ -41,7 +42,9 @@ def initialize(*args: Any, gravac: Any = None, **kwargs: Any) -> tuple:
 def _initialize(args: tuple, kwargs: dict, gravac: Any, require_section: bool) -> tuple:
     """``initialize``; with ``require_section`` false (``ds_gravac.launch``), an engine whose config has no
     ``"gravac"`` section is returned untouched instead of refused."""
-    from .integration.engine import NO_SECTION, _resolve_section
+    from deepspeed.utils import log_dist
+
+    from .integration.engine import NO_SECTION, _resolve_section, no_section_warning
     from .integration.init_check import check_models_before_broadcast, declares_gravac
     ds_initialize = _deepspeed_initialize()
     if require_section or gravac is not None or declares_gravac(ds_initialize, args, kwargs):
@@ -52,6 +55,7 @@ def _initialize(args: tuple, kwargs: dict, gravac: Any, require_section: bool) -
         _resolve_section(engine, gravac)
     except GravacConfigError:
         if not require_section:
+            log_dist(no_section_warning(engine), ranks=[0], level=logging.WARNING)
             return result
         raise GravacConfigError(NO_SECTION) from None
     attach(engine, config=gravac)
@@ -70,7 +74,7 @@ def __getattr__(name: str) -> Any:
             from .integration.hf import GravacCallback
         except ImportError as exc:
             raise ImportError("ds_gravac.GravacCallback needs transformers and accelerate: "
-                              "pip install ds_gravac[hf]") from exc
+                              "install ds_gravac with its [hf] extra (pip install '/path/to/ds_gravac[hf]')") from exc
         return GravacCallback
     raise AttributeError(f"module 'ds_gravac' has no attribute {name!r}")
 

@@ -7,6 +7,7 @@ validation problem surfaces as one :class:`GravacConfigError`.
 """
 from __future__ import annotations
 
+import difflib
 import json
 from typing import Any, Literal, Mapping, Optional, Union
 
@@ -278,7 +279,37 @@ def parse_config(section: Union[Mapping[str, Any], GravacConfig, None], warn: bo
     try:
         return GravacConfig.model_validate(migrate(_drop_auto(dict(section)), warn=warn))
     except ValidationError as exc:
-        raise GravacConfigError(f'ds_gravac: invalid "gravac" config: {_keys_of(exc, section)}{exc}') from None
+        raise GravacConfigError(f'ds_gravac: invalid "gravac" config: {_keys_of(exc, section)}{_text(exc)}'
+                                f'{_suggestions(exc)}') from None
+
+
+def _text(exc: ValidationError) -> str:
+    """pydantic's message without its web links (every key is documented in docs/configuration.md)."""
+    return "\n".join(line for line in str(exc).splitlines() if "errors.pydantic.dev" not in line)
+
+
+def _known_keys(model: type[BaseModel]) -> set[str]:
+    """Every key name of the section, nested sections included."""
+    out: set[str] = set()
+    for name, field in model.model_fields.items():
+        out.add(name)
+        kind = field.annotation
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            out |= _known_keys(kind)
+    return out
+
+
+def _suggestions(exc: ValidationError) -> str:
+    """For an unknown key, the documented key it most resembles, and where every key is listed."""
+    unknown = [str(err["loc"][-1]) for err in exc.errors() if err["type"] == "extra_forbidden" and err["loc"]]
+    if not unknown:
+        return ""
+    hints = []
+    for bad in unknown:
+        near = difflib.get_close_matches(bad, sorted(_known_keys(GravacConfig)), n=1, cutoff=0.75)
+        if near:
+            hints.append(f'"{bad}": did you mean "{near[0]}"? ')
+    return f"\n{''.join(hints)}(every key: docs/configuration.md)"
 
 
 def _keys_of(exc: ValidationError, section: Mapping[str, Any]) -> str:

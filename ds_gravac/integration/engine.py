@@ -3,8 +3,9 @@ the engine is changed."""
 from __future__ import annotations
 
 import contextlib
+import difflib
 import logging
-from typing import Any, Iterator, Mapping, Optional, Union
+from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 
 import torch
 
@@ -12,9 +13,10 @@ from ..adapt import Controller, build_controller
 from ..adapt.auto.timing import measure_link
 from ..adapt.levels import classifier_shapes
 from ..compress.base import Compressor
+from ..compress.kinds import LevelKind
 from ..config import GravacConfig, parse_config
 from ..errors import GravacConfigError
-from ..sync.buckets import classify, sync_members
+from ..sync.buckets import Member, classify, sync_members
 from ..sync.collectives import Channels
 from ..sync.reduce_rule import ReduceRule
 from ..sync.synchronizer import Synchronizer
@@ -30,6 +32,22 @@ from .validation import validate_engine
 from .zero import ZeroBridge, zero_stage
 
 logger = logging.getLogger("ds_gravac")
+
+
+def attached_line(cfg: GravacConfig, comp: Compressor, members: Sequence[Member]) -> str:
+    """The one line rank 0 prints when ds_gravac takes an engine over: what it compresses, and where to see the
+    bytes (a user cannot otherwise tell a compressed run from a plain one)."""
+    compressed = [m for m in members if m.compressible]
+    share = sum(m.numel for m in compressed) / max(1, sum(m.numel for m in members))
+    what = comp.name
+    if cfg.mode == "static":
+        rank = comp.level_kind == LevelKind.RANK
+        level = comp.default_level() if rank or cfg.cf is None else cfg.cf
+        if level is not None:
+            what += f" at {'rank' if rank else 'CF'} {level:g}"
+    return (f"ds_gravac: attached, mode {cfg.mode}, {what}: {len(compressed)} of {len(members)} gradient tensors "
+            f"({share:.1%} of the values) compressed; bytes per step: handle.last_stats() or the "
+            f"\"telemetry.jsonl\" key; per bucket: python -m ds_gravac.plan")
 HANDLE_ATTR = "_ds_gravac_handle"
 NO_SECTION = ('ds_gravac.initialize: the DeepSpeed config has no "gravac" section; add one (an empty object '
               'selects the defaults) or call deepspeed.initialize')
@@ -69,6 +87,8 @@ class GravacHandle:
         comp = self._validate(world, rank)
         self._build(comp, world, rank, bucket_order)
         self._install()
+        if rank == 0:               # printed: DeepSpeed's logger shows only warnings by default
+            print(attached_line(self.config, comp, self.sync.members), flush=True)
 
     def _validate(self, world: int, rank: int) -> Compressor:
         """Every check and agreement attach makes, before anything of the engine changes; returns the compressor
@@ -120,9 +140,6 @@ class GravacHandle:
         self.engine.enable_backward_allreduce = False
         route_engine_checkpoints(self)
         self.active = True
-        logger.info("ds_gravac: attached (mode=%s, compressor=%s, %d buckets provisional, %d/%d tensors "
-                    "compressible)", self.config.mode, self.config.compressor.type, self.sync.plan.num_buckets,
-                    sum(m.compressible for m in self.sync.members), len(self.sync.members))
 
     def detach(self) -> None:
         """Wait for in-flight work, then undo :meth:`_install` in reverse order: gradient averaging goes back
@@ -256,6 +273,17 @@ def ready_compressor(cfg: GravacConfig, comp: Compressor, named: list[tuple[str,
     uniform rank ladder's floor, low rank's ``classifier_rank``; attach, and ``python -m ds_gravac.plan``)."""
     check_compressible(cfg, comp, named)
     comp.pin(classifier_shapes(named, comp.accepts, cfg.min_compress_numel))
+
+
+def no_section_warning(engine: Any) -> str:
+    """``ds_gravac.launch`` leaves an engine without a ``"gravac"`` section alone; it says so, and names a key of
+    the config that looks like a misspelling of it."""
+    ds_cfg = getattr(engine, "config", None)
+    keys = [str(k) for k in ds_cfg] if isinstance(ds_cfg, Mapping) else []
+    near = difflib.get_close_matches("gravac", keys, n=1, cutoff=0.6)
+    hint = f' (the config has "{near[0]}": did you mean "gravac"?)' if near else ""
+    return (f'ds_gravac.launch: the DeepSpeed config has no "gravac" section{hint}, so this engine runs plain '
+            f'DeepSpeed, uncompressed; add "gravac": {{}} to compress its gradients')
 
 
 def _resolve_section(engine: Any, config: Union[Mapping[str, Any], GravacConfig, None]) -> Mapping[str, Any]:

@@ -42,7 +42,8 @@ def validate_zero(engine: Any) -> None:
         return
     if stage >= 3:
         unsupported(f"zero_optimization.stage {stage} is not supported (allowed: 0, 1, 2): stage 3 partitions the "
-                    f"parameters, so no rank holds a whole gradient to compress")
+                    f"parameters, so no rank holds a whole gradient to compress; use stage 1 or 2, or leave the "
+                    f"\"gravac\" section out to train with DeepSpeed alone")
     zc = engine._config.zero_config
     if zc.offload_optimizer is not None and str(getattr(zc.offload_optimizer.device, "value",
                                                         zc.offload_optimizer.device)) != "none":
