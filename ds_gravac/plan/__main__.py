@@ -41,6 +41,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         rate = parse_rate(args.rate)
         config = read_config(args.config)
         model = load_model(args.model)
+        params = sum(p.numel() for p in model.parameters())     # before ZeRO-3 would partition them away
         engine = build_engine(config, model, args.world_size)
     except PlanInputError as exc:
         print(f"ds_gravac.plan: {exc}", file=sys.stderr)
@@ -52,7 +53,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.json:
         print(json.dumps(as_json(plan), indent=1))
     else:
-        params = sum(p.numel() for p in model.parameters())
         print(as_text(plan, f"ds_gravac plan: {args.config}, model {args.model} ({params:,} parameters), "
                             f"{args.world_size} ranks"))
     return USAGE_ERROR if plan.refusals else 0

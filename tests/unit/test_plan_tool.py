@@ -117,6 +117,8 @@ def test_refusals_are_attach_messages_and_exit_two(case: str, tmp_path: Path) ->
     assert out.returncode == 2, out.stdout + out.stderr
     refused = out.stdout.split("refused at attach (2):\n", 1)[1].splitlines()
     assert refused == [f"  {msg}" for msg in expected]
+    params = sum(p.numel() for p in torchvision.models.resnet18(weights=None).parameters())
+    assert f"model resnet18 ({params:,} parameters)" in out.stdout      # counted before ZeRO-3 partitions them
     assert "Traceback" not in out.stderr
 
 
