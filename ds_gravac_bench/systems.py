@@ -182,9 +182,10 @@ def lowrank_systems(gravac: dict[str, Any], window: int) -> list[SystemSpec]:
                                "compressor": {"type": comp, "params": {"rank": 16, "classifier_rank": 1}}},
                               f"{comp} rank 16, the classifier at rank 1 (issue 42's M1)"))
         out.append(SystemSpec(f"gv_{comp}_theta10", "gravac",
-                              _gravac_over(gravac, comp, theta_min=10.0, window=10**7, gain_denominator="aggregate"),
+                              _gravac_over(gravac, comp, theta_min=10.0, window=10**7, epsilon=1e-9,
+                                           gain_denominator="aggregate"),
                               f"{comp} at CF 10 mapped to a rank per matrix: GraVAC whose window is never reached "
-                              f"(static θ 10, issue 42's M1)"))
+                              f"and whose ε test always passes (static θ 10, issue 42's M1)"))
         out.append(SystemSpec(f"gv_accordion_{comp}", "gravac",
                               {"mode": "accordion", "compressor": comp, "min_compress_numel": MIN_NUMEL,
                                "accordion": {"interval_steps": window}},
