@@ -280,12 +280,41 @@ def parse_config(section: Union[Mapping[str, Any], GravacConfig, None], warn: bo
         return GravacConfig.model_validate(migrate(_drop_auto(dict(section)), warn=warn))
     except ValidationError as exc:
         raise GravacConfigError(f'ds_gravac: invalid "gravac" config: {_keys_of(exc, section)}{_text(exc)}'
-                                f'{_suggestions(exc)}') from None
+                                f'{_ranges(exc)}{_suggestions(exc)}') from None
 
 
 def _text(exc: ValidationError) -> str:
     """pydantic's message without its web links (every key is documented in docs/configuration.md)."""
     return "\n".join(line for line in str(exc).splitlines() if "errors.pydantic.dev" not in line)
+
+
+_BOUNDS = {"gt": ">", "ge": "≥", "lt": "<", "le": "≤"}
+
+
+def _field_at(loc: tuple[Any, ...]) -> Optional[Any]:
+    """The pydantic field a key path names (nested sections walked), or None."""
+    model: Any = GravacConfig
+    field = None
+    for part in loc:
+        if not (isinstance(model, type) and issubclass(model, BaseModel)) or part not in model.model_fields:
+            return None
+        field = model.model_fields[part]
+        model = field.annotation
+    return field
+
+
+def _ranges(exc: ValidationError) -> str:
+    """For a value out of its bounds, the key's whole allowed range (pydantic names only the bound violated)."""
+    lines = []
+    for err in exc.errors():
+        if err["type"] not in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+            continue
+        field = _field_at(tuple(err["loc"]))
+        bounds = [f"{_BOUNDS[k]} {getattr(m, k):g}" for m in (field.metadata if field else ())
+                  for k in _BOUNDS if getattr(m, k, None) is not None]
+        if bounds:
+            lines.append(f"{'.'.join(str(p) for p in err['loc'])} allowed: {' and '.join(bounds)}")
+    return "".join(f"\n{line}" for line in lines)
 
 
 def _known_keys(model: type[BaseModel]) -> set[str]:
