@@ -79,6 +79,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'ds_gravac' has no attribute {name!r}")
 
 
-__all__ = ["initialize", "attach", "detach", "get_handle", "register_compressor", "GravacHandle", "GravacDeprecationWarning", "Compressor",
-           "CompressorParams", "CompressCtx", "Kind", "LevelKind", "GainKind", "Multilevel", "Payload", "Section",
-           "TensorPlan", "GravacError", "GravacConfigError", "GravacUnsupportedError", "__version__"]
+__all__ = ["initialize", "attach", "detach", "get_handle", "register_compressor", "GravacHandle",
+           "GravacDeprecationWarning", "Compressor", "CompressorParams", "CompressCtx", "Kind", "LevelKind",
+           "GainKind", "Multilevel", "Payload", "Section", "TensorPlan", "GravacError", "GravacConfigError",
+           "GravacUnsupportedError", "__version__"]

@@ -173,6 +173,5 @@ def check_mode(config: GravacConfig, compressor: Compressor) -> None:
         check_auto(config, name)
 
 
-__all__ = ["AUTO_COMPRESSORS", "DEFAULT_LEVELS", "accordion_levels", "check_auto", "check_classifier_rank", "check_mode",
-           "check_rank_ladder",
-           "classifier_shapes", "grid_levels", "gravac_range", "uniform_bound"]
+__all__ = ["AUTO_COMPRESSORS", "DEFAULT_LEVELS", "accordion_levels", "check_auto", "check_classifier_rank",
+           "check_mode", "check_rank_ladder", "classifier_shapes", "grid_levels", "gravac_range", "uniform_bound"]

@@ -39,3 +39,19 @@ class Multilevel(enum.StrEnum):
     DISTRIBUTION = "distribution"  # derived with the same distribution as a direct encode (Random-k)
     APPROX = "approx"              # derived approximately (threshold sparsifiers)
     NONE = "none"                  # every level is encoded directly
+
+
+# Rank levels no matrix can pay for: a rank-levelled compressor sends the matrix plain (its values). At REPROJECT
+# its warm start also takes one power iteration on the exact average it received, as on a dense step — mode auto
+# sends a group so for one step before raising its rank, so the new rank starts from the current subspace.
+PLAIN = float(1 << 30)
+REPROJECT = float(1 << 31)
+
+
+def describe_level(kind: Kind, level_kind: LevelKind, level: float) -> str:
+    """A level as its compressor reads it: a rank (or plain), a quantizer's code width, or a CF."""
+    if level_kind == LevelKind.RANK:
+        return "plain" if level >= PLAIN else f"rank {level:g}"
+    if kind == Kind.QUANTIZED:
+        return f"{32.0 / level:g}-bit (CF {level:g})"
+    return f"CF {level:g}"

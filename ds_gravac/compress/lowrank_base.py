@@ -59,13 +59,6 @@ class LowRankParams(CompressorParams):
     classifier_rank: Optional[int] = Field(None, ge=1, le=1024)
 
 
-# Levels above any matrix's rank: the matrix travels plain (its values). At REPROJECT its warm start also takes one
-# power iteration on the exact average it received, as on a dense step — mode auto sends a group so for one step
-# before raising its rank, so the new rank starts from the current subspace and every rank of it is measured.
-PLAIN = float(1 << 30)
-REPROJECT = float(1 << 31)
-
-
 class LowRankMemory(CompressorMemory):
     """The low-rank error ``E`` (slot ``"error"``): ``X = M + E`` (``M`` alone without error feedback); what ``E``
     becomes is the subclass's rule (PowerSGD: ``X − G`` after the aggregate; ACP-SGD: the local error)."""

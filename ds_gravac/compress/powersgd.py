@@ -19,7 +19,8 @@ import torch
 
 from .base import CompressCtx, Payload, Section, TensorPlan
 from .lowrank import seeded_factor
-from .lowrank_base import F32, REPROJECT, LowRankCompressor, LowRankMemory, LowRankParams
+from .kinds import REPROJECT
+from .lowrank_base import F32, LowRankCompressor, LowRankMemory, LowRankParams
 
 Tensor = torch.Tensor
 

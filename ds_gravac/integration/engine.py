@@ -13,7 +13,7 @@ from ..adapt import Controller, build_controller
 from ..adapt.auto.timing import measure_link
 from ..adapt.levels import classifier_shapes
 from ..compress.base import Compressor
-from ..compress.kinds import LevelKind
+from ..compress.kinds import LevelKind, describe_level
 from ..config import GravacConfig, parse_config
 from ..errors import GravacConfigError
 from ..sync.buckets import Member, classify, sync_members
@@ -32,6 +32,9 @@ from .validation import validate_engine
 from .zero import ZeroBridge, zero_stage
 
 logger = logging.getLogger("ds_gravac")
+HANDLE_ATTR = "_ds_gravac_handle"
+NO_SECTION = ('ds_gravac.initialize: the DeepSpeed config has no "gravac" section; add one (an empty object '
+              'selects the defaults) or call deepspeed.initialize')
 
 
 def attached_line(cfg: GravacConfig, comp: Compressor, members: Sequence[Member]) -> str:
@@ -41,16 +44,12 @@ def attached_line(cfg: GravacConfig, comp: Compressor, members: Sequence[Member]
     share = sum(m.numel for m in compressed) / max(1, sum(m.numel for m in members))
     what = comp.name
     if cfg.mode == "static":
-        rank = comp.level_kind == LevelKind.RANK
-        level = comp.default_level() if rank or cfg.cf is None else cfg.cf
+        level = comp.default_level() if comp.level_kind == LevelKind.RANK or cfg.cf is None else cfg.cf
         if level is not None:
-            what += f" at {'rank' if rank else 'CF'} {level:g}"
+            what += f" at {describe_level(comp.kind, comp.level_kind, level)}"
     return (f"ds_gravac: attached, mode {cfg.mode}, {what}: {len(compressed)} of {len(members)} gradient tensors "
             f"({share:.1%} of the values) compressed; bytes per step: handle.last_stats() or the "
             f"\"telemetry.jsonl\" key; per bucket: python -m ds_gravac.plan")
-HANDLE_ATTR = "_ds_gravac_handle"
-NO_SECTION = ('ds_gravac.initialize: the DeepSpeed config has no "gravac" section; add one (an empty object '
-              'selects the defaults) or call deepspeed.initialize')
 
 
 def _version() -> str:

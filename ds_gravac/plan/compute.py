@@ -18,7 +18,8 @@ import torch
 from ..adapt import Controller, build_controller
 from ..adapt.auto.timing import link_fits
 from ..decision import Branch, StepDecision
-from ..compress.base import Compressor, Kind, LevelKind
+from ..compress.base import Compressor
+from ..compress.kinds import describe_level
 from ..config import GravacConfig, parse_config
 from ..errors import GravacConfigError, GravacError, GravacUnsupportedError
 from ..integration.build import build_compressor, check_optimizer_takeover, controller_context, reject_unimplemented
@@ -99,12 +100,7 @@ def _attempt(plan: Plan, fn: Callable[..., Any], *args: Any) -> tuple[bool, Any]
 
 
 def level_text(comp: Compressor, level: float) -> str:
-    """A level as its compressor reads it: a rank, a quantizer's code width, or a CF."""
-    if comp.level_kind == LevelKind.RANK:
-        return "plain" if level >= 2**30 else f"rank {level:g}"
-    if comp.kind == Kind.QUANTIZED:
-        return f"{32.0 / level:g}-bit (CF {level:g})"
-    return f"CF {level:g}"
+    return describe_level(comp.kind, comp.level_kind, level)
 
 
 def levels_text(comp: Compressor, levels: Sequence[float]) -> str:

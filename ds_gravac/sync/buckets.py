@@ -66,7 +66,8 @@ def classify(named_params: Sequence[tuple[str, torch.Tensor]], accepts: Callable
     return members
 
 
-def sync_members(named_params: Sequence[tuple[str, torch.Tensor]], config: GravacConfig, compressor: Compressor) -> list[Member]:
+def sync_members(named_params: Sequence[tuple[str, torch.Tensor]], config: GravacConfig,
+                 compressor: Compressor) -> list[Member]:
     """The members a synchronizer plans with (attach and ``python -m ds_gravac.plan`` alike): nothing is
     compressible in mode ``dense`` or with the ``none`` compressor."""
     enabled = config.mode != "dense" and compressor.name != "none"

@@ -36,7 +36,7 @@ import torch
 
 from ...config import GravacConfig
 from ...errors import GravacConfigError
-from ...compress.lowrank_base import PLAIN, REPROJECT
+from ...compress.kinds import PLAIN, REPROJECT
 from ...sync.aggregate_gain import GroupSpec
 from ...sync.cost_model.fits import ALL_REDUCE, FitTable
 from ...decision import StepDecision
