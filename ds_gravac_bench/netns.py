@@ -148,8 +148,8 @@ def proc_starttime(pid: int) -> str:
 
 
 def stop_groups(entries: list[tuple[int, str]], grace: float = 10.0) -> None:
-    """SIGTERM the process groups led by recorded ``(pid, starttime)`` (started with a new session) all at once,
-    then SIGKILL whatever survives ``grace`` seconds.
+    """SIGTERM (then SIGCONT) the process groups led by recorded ``(pid, starttime)`` (started with a new session)
+    all at once, then SIGKILL whatever survives ``grace`` seconds.
 
     A pid now owned by a different process (start time differs) is skipped. If the leader is gone, the group id
     cannot have been reused (Linux never hands out a PID still in use as a group id), so the group is still ours.
@@ -159,6 +159,8 @@ def stop_groups(entries: list[tuple[int, str]], grace: float = 10.0) -> None:
         return not (now and starttime and now != starttime)
 
     pending = [pid for pid, start in entries if ours(pid, start) and _signal_group(pid, signal.SIGTERM)]
+    for pid in pending:            # a stopped member (SIGSTOP: a hung peer) acts on SIGTERM only once continued
+        _signal_group(pid, signal.SIGCONT)
     deadline = time.monotonic() + grace
     while pending and time.monotonic() < deadline:
         time.sleep(0.05)
