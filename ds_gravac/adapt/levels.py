@@ -21,7 +21,7 @@ from ..errors import GravacConfigError
 
 # (low, high) compression of Accordion when the config leaves them unset; a quantizer uses its grid's ends.
 DEFAULT_LEVELS = {LevelKind.CF: (1.01, 10.0), LevelKind.RANK: (4.0, 1.0)}
-AUTO_COMPRESSORS = ("powersgd",)     # mode "auto": per-group ranks (other families: docs/algorithms.md §8)
+AUTO_COMPRESSORS = ("powersgd", "qsgd")   # mode "auto": per-group ranks or bits (the others: docs/algorithms.md §8)
 GRAVAC_NEEDS = "ds_gravac: mode 'gravac' needs a compressor with gain_kind 'projection' and >= 2 realizable CFs"
 
 Realize = Callable[[float], float]
@@ -136,16 +136,21 @@ def check_rank_ladder(config: GravacConfig, compressor: Compressor) -> None:
 
 
 def check_auto(config: GravacConfig, name: str) -> None:
-    """``mode: "auto"`` drives PowerSGD's rank per layer group: other compressors, and a fixed ``rank`` it would
-    ignore, are refused."""
+    """``mode: "auto"`` drives PowerSGD's rank or QSGD's bits per layer group: other compressors, a fixed level it
+    would ignore, and QSGD with error feedback (whose error is not the variance auto budgets) are refused."""
     if name not in AUTO_COMPRESSORS:
-        raise GravacConfigError(f"ds_gravac: mode 'auto' drives a low-rank compressor's rank per layer group and "
+        raise GravacConfigError(f"ds_gravac: mode 'auto' drives a compressor's level per layer group and "
                                 f"supports {', '.join(AUTO_COMPRESSORS)} in this version, not {name!r} (keys "
                                 f"\"mode\": \"auto\", \"compressor\": \"{name}\")")
-    if "rank" in config.compressor.params:
-        raise GravacConfigError(f"ds_gravac: key \"compressor.params.rank\" ({config.compressor.params['rank']!r}) "
-                                f"is not read by mode 'auto', whose levels are the ranks 64, 32, 16, 8, 4, 2 per "
-                                f"layer group; remove the key")
+    params = config.compressor.params
+    fixed = {"powersgd": ("rank", "the ranks 64, 32, 16, 8, 4, 2"), "qsgd": ("levels", "8, 4 and 2 bits")}[name]
+    if fixed[0] in params:
+        raise GravacConfigError(f"ds_gravac: key \"compressor.params.{fixed[0]}\" ({params[fixed[0]]!r}) is not "
+                                f"read by mode 'auto', whose levels are {fixed[1]} per layer group; remove the key")
+    if name == "qsgd" and params.get("error_feedback"):
+        raise GravacConfigError("ds_gravac: key \"compressor.params.error_feedback\" (true) is refused in mode "
+                                "'auto': auto budgets QSGD's variance, which error feedback turns into delayed "
+                                "energy; remove the key (QSGD is unbiased without it)")
 
 
 def check_classifier_rank(config: GravacConfig) -> None:

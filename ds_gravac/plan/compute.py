@@ -198,9 +198,10 @@ def plan_engine(engine: Any, world_size: int, rate_bit_s: float, alpha_s: float)
     ok, controller = _attempt(plan, build_controller, cfg)
     if not ok:
         return plan
-    controller.signal_groups([(m.name, tuple(m.param.shape)) for m in members if m.compressible])
+    groups = controller.signal_groups([(m.name, tuple(m.param.shape)) for m in members if m.compressible])
     planner = Planner(engine, cfg, comp, members, ErrorFeedbackMemory(comp, cfg.error_feedback), pattern, rule,
-                      0, world_size, None, selector)
+                      0, world_size, None, selector,
+                      bucket_groups=groups.members if groups is not None and groups.bucketed else None)
     planner.build(BucketPlan.provisional_order(len(members)), frozen=False)
     _attempt(plan, check_optimizer_takeover, cfg, comp, [m.name for m in members if not m.compressible],
              float(engine.gradient_clipping() or 0.0))

@@ -46,6 +46,7 @@ from ..telemetry.stats import MAX_PROBES
 if TYPE_CHECKING:
     from .buckets import Bucket, BucketPlan
     from .planner import Planner
+    from .step_plan import StepPlan
 
 SAMPLES = 4096
 HEAD = 2 + MAX_PROBES            # step, ‖G‖², one numerator per probe slot (−1: not measured)
@@ -59,6 +60,7 @@ class GroupSpec:
     members: dict[str, int]
     count: int
     ranks: tuple[int, ...]
+    bucketed: bool = False          # low rank compresses per tensor: groups may share buckets
 
     @property
     def width(self) -> int:
@@ -120,8 +122,9 @@ class AggregateGain:
         return out
 
     # ---- during the step ------------------------------------------------------------------------------
-    def begin(self, step: int, probes: tuple[float, ...]) -> None:
+    def begin(self, step: int, step_plan: "StepPlan") -> None:
         """Draw this step's sample coordinates over the compressible buckets (the same on every rank)."""
+        probes = step_plan.probes
         plan = self.planner.plan
         if plan is not self._plan:
             self._plan, start = plan, 0

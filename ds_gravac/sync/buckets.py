@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 import torch
 
@@ -75,10 +75,14 @@ def sync_members(named_params: Sequence[tuple[str, torch.Tensor]], config: Grava
 
 
 class BucketPlan:
-    """Buckets built by walking tensors in backward order, filling each stream's open bucket up to the cap."""
+    """Buckets built by walking tensors in backward order, filling each stream's open bucket up to the cap.
+
+    A stream is (compressible, dtype) and, with ``groups`` (a controller's layer groups: member name → group), the
+    member's group too: then no bucket mixes groups, so a quantizer, which encodes a bucket at one level, can send
+    each group at its own level (``mode: "auto"``)."""
 
     def __init__(self, members: Sequence[Member], order: Sequence[int], cap_elems: int, *, frozen: bool,
-                 compressor_type: str) -> None:
+                 compressor_type: str, groups: Optional[Mapping[str, int]] = None) -> None:
         if sorted(order) != list(range(len(members))):
             raise ValueError("ds_gravac: bucket order must be a permutation of the parameter indices")
         self.members = list(members)
@@ -86,11 +90,13 @@ class BucketPlan:
         self.cap_elems = int(cap_elems)
         self.frozen = frozen
         self.compressor_type = compressor_type
+        self.groups = dict(groups) if groups is not None else None
         self.buckets: list[Bucket] = []
-        open_buckets: dict[tuple[bool, torch.dtype], Bucket] = {}
+        open_buckets: dict[tuple[bool, torch.dtype, int], Bucket] = {}
         for idx in self.order:
             m = self.members[idx]
-            stream = (m.compressible, m.dtype)
+            group = self.groups.get(m.name, -1) if self.groups is not None and m.compressible else -1
+            stream = (m.compressible, m.dtype, group)
             b = open_buckets.get(stream)
             if b is None or (b.numel > 0 and b.numel + m.numel > self.cap_elems):
                 b = Bucket(index=len(self.buckets), compressible=m.compressible, dtype=m.dtype)
@@ -114,7 +120,7 @@ class BucketPlan:
 
     def layout_signature(self) -> int:
         """Hash of everything that fixes payload sizes; equal on every rank for the same frozen plan."""
-        parts = [self.compressor_type, str(self.cap_elems)]
+        parts = [self.compressor_type, str(self.cap_elems)] + (["grouped"] if self.groups is not None else [])
         for b in self.buckets:
             for m in b.members:
                 parts.append(f"{b.index}:{m.name}:{tuple(m.param.shape)}:{m.dtype}:{int(m.compressible)}")

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from ..compress.base import Compressor
     from ..config import GravacConfig
     from .aggregate_gain import AggregateGain
+    from .quant_variance import QuantVariance
     from .buckets import BucketPlan, Member
     from .codec import BucketCodec
     from .collectives import Channels
@@ -39,7 +40,7 @@ class SyncParts(Protocol):
     planner: "Planner"
     rule: "ReduceRule"
     running: "Optional[RunningStep]"
-    aggregate: "Optional[AggregateGain]"
+    aggregate: "Optional[AggregateGain | QuantVariance]"
     stats: "StepStatistics"
     world_size: int
     numel_total: int

@@ -7,6 +7,7 @@ import math
 from typing import TYPE_CHECKING, Any, Optional
 
 from ..compress.base import CompressCtx, Compressor, Kind
+from ..compress.kinds import PLAIN
 from ..compress.optimizers import live_param_groups
 from ..config import GravacConfig
 from .buckets import BucketPlan, Member
@@ -28,8 +29,10 @@ class Planner:
 
     def __init__(self, engine: Any, config: GravacConfig, compressor: Compressor, members: list[Member],
                  memory: ErrorFeedbackMemory, pattern: type[Exchange], rule: ReduceRule, rank: int, world_size: int,
-                 server: Optional[ServerResiduals] = None, selector: Optional[Selector] = None) -> None:
+                 server: Optional[ServerResiduals] = None, selector: Optional[Selector] = None,
+                 bucket_groups: Optional[dict[str, int]] = None) -> None:
         self.config, self.comp, self.members, self.memory = config, compressor, members, memory
+        self.bucket_groups = bucket_groups      # a controller's layer groups that must not share a bucket
         self.server = server if server is not None else ServerResiduals(False, world_size)   # quantizers' owner state
         self.pattern, self.rule, self.rank, self.world_size = pattern, rule, rank, world_size
         self.selector = selector if selector is not None else ThresholdSelector(config, pattern, rule, world_size)
@@ -42,7 +45,7 @@ class Planner:
     # ---- the bucket plan ----------------------------------------------------------------------------------
     def build(self, order: list[int], frozen: bool) -> None:
         self.plan = BucketPlan(self.members, [int(i) for i in order], self.cap, frozen=frozen,
-                               compressor_type=self.comp.name)
+                               compressor_type=self.comp.name, groups=self.bucket_groups)
         compressible = [b for b in self.plan.buckets if b.compressible]
         self.ctxs = {b.index: [self._make_ctx(m) for m in b.members] for b in compressible}
         if self.comp.kind == Kind.QUANTIZED:      # quantizers encode bucket partitions, not tensors
@@ -105,6 +108,8 @@ class Planner:
         bucket = self.plan.buckets[b]
         if not bucket.compressible or decision.dense:
             return DENSE
+        if self.comp.kind == Kind.QUANTIZED and any(decision.level_for(m.name) >= PLAIN for m in bucket.members):
+            return DENSE      # a partition is encoded at one level: a member asked to go plain takes its bucket dense
         levels = tuple(self.comp.member_level(ctx, self.level(decision.level_for(m.name), step))
                        for m, ctx in zip(bucket.members, self.ctxs[b]))
         c = self.choice(b, levels)

@@ -30,6 +30,7 @@ from ..config import GravacConfig
 from ..errors import GravacError
 from ..telemetry.stats import AgreedStats
 from .aggregate_gain import AggregateGain, check_aggregate_gain
+from .quant_variance import QuantVariance, VarianceSpec
 from .buckets import BucketPlan, Member, sync_members
 from .codec import BucketCodec, SendLayout
 from .collectives import Channels, broadcast, check_agreement
@@ -76,8 +77,11 @@ class Synchronizer:
                                       and (config.error_feedback or compressor.owns_state), channels.world_size)
         self.check_finite = config.mode != "dense" or config.nonfinite == "raise"
         selector = make_selector(config, compressor, self.pattern, rule, self.world_size, channels)
+        check_aggregate_gain(config, compressor)
+        groups = controller.signal_groups([(m.name, tuple(m.param.shape)) for m in self.members if m.compressible])
         self.planner = Planner(engine, config, compressor, self.members, self.memory, self.pattern, rule,
-                               self.rank, self.world_size, self.server, selector)
+                               self.rank, self.world_size, self.server, selector,
+                               bucket_groups=groups.members if groups is not None and groups.bucketed else None)
         if bucket_order is not None and len(bucket_order) == len(self.members):
             self.planner.build(bucket_order, frozen=True)
         else:
@@ -85,13 +89,13 @@ class Synchronizer:
         selector.prepare(self.planner)     # the cost model calibrates here: collectives on every rank, at attach
         self.running: Optional[RunningStep] = None
         self._ready_order: list[int] = []
-        check_aggregate_gain(config, compressor)
-        groups = controller.signal_groups([(m.name, tuple(m.param.shape)) for m in self.members if m.compressible])
         measured = groups is not None or (config.mode == "gravac" and config.gravac.gain_denominator == "aggregate")
-        self.aggregate: Optional[AggregateGain] = None
-        if measured:
+        self.aggregate: Optional[AggregateGain | QuantVariance] = None
+        if isinstance(groups, VarianceSpec):
+            self.aggregate = QuantVariance(self.planner, groups, config.seed, self.world_size)
+        elif measured:
             self.aggregate = AggregateGain(compressor, self.planner, config.seed, self.world_size, groups=groups)
-        compressor.wants_energies = self.aggregate is not None
+        compressor.wants_energies = isinstance(self.aggregate, AggregateGain)
         self.stats = StepStatistics(engine, self.world_size, channels.control, on_record, self.aggregate)
         self.backward_end_t = 0.0
         self.last_launch_times: dict[int, float] = {}
@@ -150,7 +154,7 @@ class Synchronizer:
         self.running = RunningStep(plan=plan, pending=[len(b.members) for b in self.plan.buckets], t_begin=t0,
                                    loss_scale=float(self.loss_scale()))
         if self.aggregate is not None:
-            self.aggregate.begin(step, plan.probes)
+            self.aggregate.begin(step, plan)
         if self.config.debug.check_plans:
             check_agreement(plan.digest(), self.channels.control, f"ranks disagree on the plan of step {step}")
 

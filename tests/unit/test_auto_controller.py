@@ -61,12 +61,18 @@ def test_auto_unknown_key_and_cross_rule() -> None:
 def test_auto_refuses_other_compressors_at_attach() -> None:
     from ds_gravac.integration.engine import build_compressor
 
-    with pytest.raises(GravacConfigError, match=r"mode 'auto' .* supports powersgd .* not 'topk' .*\"compressor\""):
+    with pytest.raises(GravacConfigError, match=r"mode 'auto' .* supports powersgd, qsgd .* not 'topk' .*\"compressor\""):
         build_compressor(parse_config({"mode": "auto", "compressor": "topk"}))
     with pytest.raises(GravacConfigError, match=r'key "compressor.params.rank" \(8\) is not read by mode .auto.'):
         build_compressor(parse_config({"mode": "auto", "compressor": {"type": "powersgd", "params": {"rank": 8}}}))
     comp = build_compressor(parse_config({"mode": "auto", "compressor": "powersgd"}))
     assert (comp.level_kind, comp.bound) == ("rank", float(RANKS[0]))
+    with pytest.raises(GravacConfigError, match=r'key "compressor.params.levels" \(7\) is not read by mode .auto.'):
+        build_compressor(parse_config({"mode": "auto", "compressor": {"type": "qsgd", "params": {"levels": 7}}}))
+    with pytest.raises(GravacConfigError, match=r'key "compressor.params.error_feedback" \(true\) is refused'):
+        build_compressor(parse_config({"mode": "auto", "compressor": {"type": "qsgd",
+                                                                      "params": {"error_feedback": True}}}))
+    assert build_compressor(parse_config({"mode": "auto", "compressor": "qsgd"})).name == "qsgd"
 
 
 def test_the_dense_rung_sends_a_matrix_plain_and_a_rank_rung_at_its_rank() -> None:

@@ -37,18 +37,26 @@ import torch
 from ...config import GravacConfig
 from ...errors import GravacConfigError
 from ...compress.kinds import PLAIN, REPROJECT
+from ...compress.qsgd import LEVELS_FOR_CF
 from ...sync.aggregate_gain import GroupSpec
-from ...sync.cost_model.fits import ALL_REDUCE, FitTable
+from ...sync.cost_model.fits import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, FitTable
+from ...sync.quant_variance import VarianceSpec
 from ...decision import StepDecision
 from ..base import AgreedStats, Controller, ControllerContext
-from .ladder import LOWRANK, RANKS, REFERENCE, Group, Level, build_groups, uniform_codes
-from .signals import GroupErrors
+from .ladder import DENSE, LOWRANK, QSGD, QSGD_BITS, RANKS, REFERENCE, Group, Level, build_groups, uniform_codes
+from .signals import GroupErrors, GroupVariances
 from .solver import Hysteresis, totals
 from .timing import GEMM, Pricer, link_fits
 
 FIRST_SIGNAL_STEP = 2        # step 0's signals arrive with step 1's statistics: the first plan at step 2
 STATE_VERSION = 1
 STEP_TIMES_KEPT = 100000     # a bound on the interval's measured steps (an interval is at most 100,000 steps)
+QSGD_CFS = tuple(32.0 / b for b in QSGD_BITS)      # 8, 4, 2 bits: CF 4, 8, 16
+
+
+def family_of(compressor_type: str) -> str:
+    """The ladder family a compressor drives: QSGD's bits, or a low-rank compressor's ranks."""
+    return QSGD if compressor_type == "qsgd" else LOWRANK
 
 
 class AutoController(Controller):
@@ -62,10 +70,11 @@ class AutoController(Controller):
         self.interval = int(a.interval_steps)
         self.start = max(int(a.warmup_steps), FIRST_SIGNAL_STEP)
         self.tight_steps = self.interval if a.tight_steps is None else int(a.tight_steps)
+        self.family = family_of(config.compressor.type)
         self.groups: list[Group] = []
         self.codes: list[int] = []
         self.reference: list[int] = []
-        self.signals = GroupErrors([], RANKS)
+        self.signals: GroupErrors | GroupVariances = GroupErrors([], RANKS)
         self.hyst = Hysteresis(0, float(a.min_gain), int(a.dwell))
         self.decisions = 0
         self.tight_until = self.start + self.tight_steps
@@ -82,19 +91,31 @@ class AutoController(Controller):
         self._priced: Optional[tuple[tuple, list[list[float]]]] = None    # (pricer key, times): derived, not state
 
     # ---- groups (called by the synchronizer before the first plan) ----------------------------------------
-    def signal_groups(self, named_shapes: Sequence[tuple[str, Sequence[int]]]) -> GroupSpec:
-        """The groups of the compressed tensors, and what the statistics must measure for them."""
+    def signal_groups(self, named_shapes: Sequence[tuple[str, Sequence[int]]]) -> GroupSpec | VarianceSpec:
+        """The groups of the compressed tensors, and what the statistics must measure for them (over a quantizer
+        also that each group needs buckets of its own)."""
         rate = float(self.config.compressor.params.get("min_compression_rate", 2.0))
-        self.groups = build_groups(named_shapes, families=(LOWRANK,), classifier="auto",
+        self.groups = build_groups(named_shapes, families=(self.family,), classifier="auto",
                                    min_numel=int(self.config.auto.pin_below_numel), min_compression_rate=rate)
-        self.reference = uniform_codes(self.groups, Level(LOWRANK, REFERENCE[LOWRANK]))
+        self.reference = uniform_codes(self.groups, Level(self.family, REFERENCE[self.family]))
         self.codes = [0] * len(self.groups)
         self.prev_codes = list(self.codes)
-        self.signals = GroupErrors(self.groups, RANKS)
         self.hyst = Hysteresis(len(self.groups), self.hyst.min_gain, self.hyst.dwell)
         self._levels = self._member_levels(self.codes)
-        return GroupSpec(members={m: g.index for g in self.groups for m in g.members}, count=len(self.groups),
-                         ranks=RANKS)
+        members = {m: g.index for g in self.groups for m in g.members}
+        if self.family == QSGD:
+            self.signals = GroupVariances(self.groups, QSGD_CFS)
+            block = int(self.config.compressor.params.get("bucket_size", 128))
+            return VarianceSpec(members=members, count=len(self.groups), cfs=QSGD_CFS,
+                                s=tuple(LEVELS_FOR_CF[cf] for cf in QSGD_CFS), block=block)
+        self.signals = GroupErrors(self.groups, RANKS)
+        return GroupSpec(members=members, count=len(self.groups), ranks=RANKS)
+
+    @property
+    def link_ops(self) -> tuple[str, ...]:
+        """The collectives the levels use, which ``auto.link: "measure"`` times: the all-reduce (dense, low rank)
+        and, over a quantizer, the all-gather of its partitions (the all-to-all of CaSync-PS above two ranks)."""
+        return (ALL_REDUCE, ALL_GATHER, ALL_TO_ALL) if self.family == QSGD else (ALL_REDUCE,)
 
     def bind(self, ctx: ControllerContext) -> None:
         super().bind(ctx)
@@ -107,7 +128,12 @@ class AutoController(Controller):
         out = {}
         for g, c in zip(self.groups, codes):
             level = g.ladder[c]
-            value = PLAIN if level.family != LOWRANK else float(level.value)
+            if level.family == LOWRANK:
+                value = float(level.value)
+            elif level.family == QSGD:
+                value = 32.0 / float(level.value)       # b bits: CF 32/b
+            else:
+                value = PLAIN
             out.update({m: value for m in g.members})
         return out
 
@@ -165,11 +191,17 @@ class AutoController(Controller):
             self._priced = (key, pricer.times(self.groups))
         return [list(row) for row in self._priced[1]], signals.errors(self.groups)
 
-    def _budget(self, errors: list[list[float]], times: list[list[float]], tight: bool
-                ) -> tuple[float, float, float]:
+    def _budget(self, errors: list[list[float]], times: list[list[float]], tight: bool,
+                signals: GroupErrors | GroupVariances) -> tuple[float, float, float]:
+        """β times the reference's error; over a quantizer, while quiet, at least the variance that keeps
+        ``S/(S + V)`` at ``efficiency_floor`` (8 bits everywhere adds far less than a step's signal energy)."""
+        a = self.config.auto
         ref_t, ref_e = totals(times, errors, self.reference)
-        beta = self.config.auto.budget_tight if tight else self.config.auto.budget_quiet
-        return ref_t, ref_e, float(beta) * ref_e
+        beta = a.budget_tight if tight else a.budget_quiet
+        budget = float(beta) * ref_e
+        if not tight and isinstance(signals, GroupVariances):
+            budget = max(budget, signals.signal() * (1.0 / float(a.efficiency_floor) - 1.0))
+        return ref_t, ref_e, budget
 
     # ---- the rank-0 decision and its application -------------------------------------------------------
     def broadcast_point(self, step: int) -> bool:
@@ -206,7 +238,7 @@ class AutoController(Controller):
         codes = list(self.codes)
         if signals.ready:
             times, errors = self._tables(signals)
-            budget = self._budget(errors, times, tight)[2]
+            budget = self._budget(errors, times, tight, signals)[2]
             codes = list(copy.deepcopy(self.hyst).step(self.decisions, self.codes, times, errors, budget,
                                                        reference=self.reference)[0])
         return torch.tensor(codes + [int(tight)], dtype=torch.int64)
@@ -241,7 +273,7 @@ class AutoController(Controller):
         self._levels = self._member_levels(codes)
         if self.signals.ready:
             times, errors = self._tables(self.signals)
-            ref_t, ref_e, budget = self._budget(errors, times, tight)
+            ref_t, ref_e, budget = self._budget(errors, times, tight, self.signals)
             t, e = totals(times, errors, codes)
             compute = self.last["compute"] if measured is None else max(0.0, measured - totals(times, errors, ran)[0])
             known = measured is not None or self.last["step"] > 0.0
@@ -269,18 +301,19 @@ class AutoController(Controller):
         if math.isfinite(lr):
             self.prev_lr = lr
         raised = set(self.reproject) if step == self.reproject_step else set()
-        if force_dense or all(g.ladder[c].family != LOWRANK or i in raised
+        if force_dense or all(g.ladder[c].family == DENSE or i in raised
                               for i, (g, c) in enumerate(zip(self.groups, self.codes))):
             return StepDecision(step=step, branch="dense", send_level=1.0, forced_dense=force_dense)
         levels = self._levels
         if raised:
             levels = {**levels, **{m: REPROJECT for i in sorted(raised) for m in self.groups[i].members}}
-        return StepDecision(step=step, branch="cand", send_level=REFERENCE[LOWRANK], layer_levels=levels)
+        send = REFERENCE[LOWRANK] if self.family == LOWRANK else 32.0 / REFERENCE[QSGD]
+        return StepDecision(step=step, branch="cand", send_level=send, layer_levels=levels)
 
     # ---- telemetry and state ------------------------------------------------------------------------------
     def telemetry(self) -> dict[str, Any]:
-        out: dict[str, Any] = {f"auto/level/{g.name}": (float(g.ladder[c].value) if g.ladder[c].family == LOWRANK
-                                                         else 0.0) for g, c in zip(self.groups, self.codes)}
+        out: dict[str, Any] = {f"auto/level/{g.name}": float(g.ladder[c].value)      # rank or bits; 0: dense
+                               for g, c in zip(self.groups, self.codes)}
         ref_e = self.last["ref_error"]
         out.update({"auto/tight": int(self.tight), "auto/decisions": self.decisions,
                     "auto/predicted_exchange_s": self.last["time"], "auto/reference_exchange_s": self.last["ref_time"],

@@ -1,4 +1,5 @@
-"""The error signals of ``mode: "auto"`` per group, from agreed statistics only.
+"""The error signals of ``mode: "auto"`` per group, from agreed statistics only: unsent energy over a low-rank
+compressor (:class:`GroupErrors`), added variance over a quantizer (:class:`GroupVariances`).
 
 Every step the statistics exchange carries, per group, what the low-rank aggregate applied (``sync/aggregate_gain.py``
 with a ``GroupSpec``): ``‖x̄_g‖²`` and the prefix energies ``Σ_{k≤r} ‖c_k‖²`` of the averaged factors at every
@@ -18,7 +19,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Optional, Sequence
 
-from .ladder import LOWRANK, Group
+from .ladder import LOWRANK, QSGD, Group
 
 
 class GroupErrors:
@@ -116,4 +117,82 @@ class GroupErrors:
         self.sum_den = [[float(v) for v in r] for r in state["sum_den"]]
 
 
-__all__ = ["GroupErrors"]
+class GroupVariances:
+    """Per group over a quantizer (``sync/quant_variance.py``): the interval's mean signal energy ``S_g`` and the
+    mean variance ``V_g`` of every QSGD level. Every level is measured on every step (from the input, before
+    encoding), so nothing is carried over from older intervals."""
+
+    def __init__(self, groups: Sequence[Group], cfs: Sequence[float]) -> None:
+        self.cfs = tuple(float(c) for c in cfs)
+        self.count = len(groups)
+        self.energy = [0.0] * self.count
+        self.measured = [False] * self.count
+        self.previous = [-1.0] * self.count
+        self.variance = [[0.0] * len(self.cfs) for _ in range(self.count)]
+        self._reset_sums()
+
+    def _reset_sums(self) -> None:
+        self.sum_energy = [0.0] * self.count
+        self.n_energy = [0] * self.count
+        self.sum_var = [[0.0] * len(self.cfs) for _ in range(self.count)]
+
+    def add(self, signals: Sequence[Any]) -> None:
+        """One step's agreed ``VarianceSignal`` per group (a group with a non-finite term is skipped)."""
+        if len(signals) != self.count:
+            return
+        for g, sig in enumerate(signals):
+            terms = [float(sig.energy), *(float(v) for v in sig.variance)]
+            if len(terms) != 1 + len(self.cfs) or not all(math.isfinite(v) and v >= 0 for v in terms):
+                continue
+            self.sum_energy[g] += terms[0]
+            self.n_energy[g] += 1
+            for j, v in enumerate(terms[1:]):
+                self.sum_var[g][j] += v
+
+    def close_interval(self) -> None:
+        for g in range(self.count):
+            n = self.n_energy[g]
+            if n:
+                self.previous[g] = self.energy[g] if self.measured[g] else -1.0
+                self.energy[g] = self.sum_energy[g] / n
+                self.variance[g] = [v / n for v in self.sum_var[g]]
+                self.measured[g] = True
+        self._reset_sums()
+
+    @property
+    def ready(self) -> bool:
+        return all(self.measured)
+
+    def signal(self) -> float:
+        """``S``: the summed mean energy of the averaged update (group order)."""
+        total = 0.0
+        for e in self.energy:
+            total += e
+        return total
+
+    norm_changes = GroupErrors.norm_changes
+
+    def errors(self, groups: Sequence[Group]) -> list[list[float]]:
+        """Variance of every rung of every ladder: 0 for dense, ``V_g`` of the rung's QSGD level."""
+        pos = {cf: j for j, cf in enumerate(self.cfs)}
+        return [[self.variance[g][pos[32.0 / level.value]] if level.family == QSGD else 0.0
+                 for level in group.ladder] for g, group in enumerate(groups)]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"energy": list(self.energy), "measured": list(self.measured), "previous": list(self.previous),
+                "variance": [list(r) for r in self.variance], "sum_energy": list(self.sum_energy),
+                "n_energy": list(self.n_energy), "sum_var": [list(r) for r in self.sum_var]}
+
+    def load_state_dict(self, state: Optional[Mapping[str, Any]]) -> None:
+        if not state or "variance" not in state or len(state["energy"]) != self.count:
+            return
+        self.energy = [float(v) for v in state["energy"]]
+        self.measured = [bool(v) for v in state["measured"]]
+        self.previous = [float(v) for v in state["previous"]]
+        self.variance = [[float(v) for v in r] for r in state["variance"]]
+        self.sum_energy = [float(v) for v in state["sum_energy"]]
+        self.n_energy = [int(v) for v in state["n_energy"]]
+        self.sum_var = [[float(v) for v in r] for r in state["sum_var"]]
+
+
+__all__ = ["GroupErrors", "GroupVariances"]

@@ -184,14 +184,15 @@ def calibrate_gemm(shapes: Sequence[tuple[int, int, int]] = ((256, 2304, 16), (5
     return least_squares(samples)
 
 
-def measure_link(probe_bytes: Sequence[int], repeats: int, channels: "Channels") -> FitTable:
-    """Every rank, at attach: time the all-reduce at ``probe_bytes`` on the first data channel and the ``gemm``
-    line on this core, fit both, and agree on them (MAX of each coefficient over ranks, the cost model's rule), so
-    that every rank prices the plan from the same pessimistic table."""
+def measure_link(probe_bytes: Sequence[int], repeats: int, channels: "Channels",
+                 ops: Sequence[str] = (ALL_REDUCE,)) -> FitTable:
+    """Every rank, at attach: time the collectives ``ops`` at ``probe_bytes`` on the first data channel and the
+    ``gemm`` line on this core, fit them, and agree on them (MAX of each coefficient over ranks, the cost model's
+    rule), so that every rank prices the plan from the same pessimistic table."""
     from ...sync.cost_model.calibrate import agree, collective_samples
     from ...sync.cost_model.fits import least_squares
-    samples = collective_samples((ALL_REDUCE,), probe_bytes, repeats, channels)
-    local = FitTable({ALL_REDUCE: least_squares(samples[ALL_REDUCE]), GEMM: calibrate_gemm(repeats=repeats)})
+    samples = collective_samples(tuple(ops), probe_bytes, repeats, channels)
+    local = FitTable({**{op: least_squares(samples[op]) for op in ops}, GEMM: calibrate_gemm(repeats=repeats)})
     return agree(local, channels)
 
 
