@@ -123,7 +123,9 @@ class GravacHandle:
         cm, link, remeasure = cfg.cost_model, None, None
         if cfg.mode == "auto" and cfg.auto.link == "measure":      # every rank, at attach: agreed fits of the link
             def remeasure() -> Any:
-                return measure_link(cm.probe_bytes, cm.probe_repeats, self.channels, self.controller.link_ops)
+                return measure_link(cm.probe_bytes, cm.probe_repeats, self.channels, self.controller.link_ops,
+                                    comp if self.controller.codec_levels else None, self.controller.codec_levels,
+                                    cfg.seed)
             link = remeasure()
         self.controller.bind(controller_context(cfg, comp, eng, world, rank, compressible,
                                                 lambda: _agreed_fits(self.sync, link), remeasure))

@@ -19,15 +19,17 @@ AUTO = {"mode": "auto", "compressor": "qsgd", "bucket_cap_mb": 0.0625, "min_comp
         "agreement_check_interval": 1,
         "auto": {"interval_steps": 3, "dwell": 1, "pin_below_numel": 0, "link": "nominal", "link_gbit_s": 0.01,
                  "detector_eta": None, "efficiency_floor": 0.5}}
+# the link and QSGD's codec timed at attach on both ranks (agreed fits)
+MEASURED = {**AUTO, "auto": {**AUTO["auto"], "link": "measure", "remeasure_decisions": 0, "refit_tolerance": None}}
 STEPS, SAVE, PROBE = 12, 7, 1          # PROBE: a dense step (before the first decision)
 DECISIONS = (2, 5, 8, 11)
 
 
-def _engine(world: int) -> Any:
+def _engine(world: int, section: dict = AUTO) -> Any:
     import ds_gravac
     model = M.make_model(seed=0, width=128)
     engine, *_ = ds_gravac.initialize(model=model, model_parameters=model.parameters(),
-                                      config=M.ds_config(AUTO, world=world))
+                                      config=M.ds_config(section, world=world))
     return engine
 
 
@@ -80,7 +82,13 @@ def _job(rank: int, world: int, save_dir: str) -> dict:
     ds_gravac.get_handle(resumed).load_checkpoint(save_dir, tag="auto")
     loaded = ds_gravac.get_handle(resumed).controller.state_dict()
     M.train(resumed, rank, STEPS - SAVE, start=SAVE)
-    return {"records": _records(straight), "params": M.params_of(straight), "groups": groups, "buckets": buckets, "sizes": sizes,
+    measured = _engine(world, MEASURED)
+    M.train(measured, rank, 4)
+    ctl = ds_gravac.get_handle(measured).controller
+    fits, pricer = ctl.ctx.cost_fits(), ctl._pricer()
+    return {"measured_fits": {k: (fits.get(k).a, fits.get(k).b) for k in fits.names()},
+            "priced_codec": {k: (v.a, v.b) for k, v in pricer.tables["qsgd"].fits.items() if "@" in k},
+            "measured_records": _records(measured),"records": _records(straight), "params": M.params_of(straight), "groups": groups, "buckets": buckets, "sizes": sizes,
             "actions": seen["actions"], "signals": seen["signals"], "grads": seen["grads"],
             "saved": saved, "loaded": loaded, "resumed_records": _records(resumed),
             "resumed_params": M.params_of(resumed)}
@@ -190,3 +198,15 @@ def test_resume_restores_the_plan_and_matches(results: list[dict]) -> None:
         for rec in res["resumed_records"]:
             assert ({k: v for k, v in rec.items() if k not in timed}
                     == {k: v for k, v in straight[int(rec["step"])].items() if k not in timed}), rec["step"]
+
+
+def test_the_measured_link_and_codec_are_agreed_and_priced(results: list[dict]) -> None:
+    """``auto.link: "measure"`` over QSGD times the all-reduce, the all-gather and QSGD's encode and decode at 8, 4
+    and 2 bits; both ranks hold the same fits, and the plan prices QSGD's codec from them, not from the priors."""
+    r0, r1 = results
+    assert r0["measured_fits"] == r1["measured_fits"] and r0["measured_records"] == r1["measured_records"]
+    names = set(r0["measured_fits"])
+    codec = {f"{op}@{cf:g}" for op in ("encode", "decode") for cf in (4.0, 8.0, 16.0)}
+    assert {"all_reduce", "all_gather", "all_to_all", "stage", "writeback", "gemm"} | codec <= names
+    assert {k: v for k, v in r0["priced_codec"].items() if k in codec} == {k: r0["measured_fits"][k] for k in codec}
+    assert all(r0["measured_fits"][k][1] > 0 for k in codec)

@@ -39,7 +39,7 @@ from ...errors import GravacConfigError
 from ...compress.kinds import PLAIN, REPROJECT
 from ...compress.qsgd import LEVELS_FOR_CF
 from ...sync.aggregate_gain import GroupSpec
-from ...sync.cost_model.fits import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, FitTable
+from ...sync.cost_model.fits import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, FitTable, LinearFit
 from ...sync.quant_variance import VarianceSpec
 from ...decision import StepDecision
 from ..base import AgreedStats, Controller, ControllerContext
@@ -112,6 +112,12 @@ class AutoController(Controller):
         return GroupSpec(members=members, count=len(self.groups), ranks=RANKS)
 
     @property
+    def codec_levels(self) -> tuple[float, ...]:
+        """The compressor levels whose encode and decode ``auto.link: "measure"`` times on this core (QSGD's CFs;
+        low rank's codec is the ``gemm`` line)."""
+        return QSGD_CFS if self.family == QSGD else ()
+
+    @property
     def link_ops(self) -> tuple[str, ...]:
         """The collectives the levels use, which ``auto.link: "measure"`` times: the all-reduce (dense, low rank)
         and, over a quantizer, the all-gather of its partitions (the all-to-all of CaSync-PS above two ranks)."""
@@ -171,7 +177,7 @@ class AutoController(Controller):
 
     def _pricer(self) -> Pricer:
         """The agreed measured fits (the link timed at attach), else the configured nominal link; a measured
-        ``gemm`` line replaces the low-rank codec prior."""
+        ``gemm`` line replaces the low-rank codec prior, QSGD's measured encode and decode its priors."""
         world = self.ctx.world_size if self.ctx is not None else 2
         fits = self._fits
         if fits is None and self.ctx is not None and self.ctx.cost_fits is not None:
@@ -179,8 +185,13 @@ class AutoController(Controller):
         if not isinstance(fits, FitTable):
             a = self.config.auto
             return Pricer(link_fits(float(a.link_gbit_s) * 1e9, float(a.link_alpha_s), world), world)
-        codec = {LOWRANK: {GEMM: fits.get(GEMM)}} if GEMM in fits.names() else None
-        return Pricer({k: fits.get(k) for k in fits.names() if k != GEMM}, world, codec=codec)
+        codec: dict[str, dict[str, LinearFit]] = {}
+        if GEMM in fits.names():
+            codec[LOWRANK] = {GEMM: fits.get(GEMM)}
+        measured = {k: fits.get(k) for k in fits.names() if k.startswith(("encode@", "decode@"))}
+        if self.family == QSGD and measured:       # the codec timed with the link (not another compressor's)
+            codec[QSGD] = measured
+        return Pricer({k: fits.get(k) for k in fits.names() if k != GEMM}, world, codec=codec or None)
 
     def _tables(self, signals: GroupErrors) -> tuple[list[list[float]], list[list[float]]]:
         """Every rung's seconds (priced once per set of fits: rank 0 prices at ``propose``, every rank again at

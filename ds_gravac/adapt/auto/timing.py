@@ -36,6 +36,7 @@ from ...sync.cost_model.predict import compressed_time, dense_time
 from .ladder import DENSE, LOWRANK, QSGD, SPARSE, Group, Level
 
 if TYPE_CHECKING:
+    from ...compress.base import Compressor
     from ...sync.collectives import Channels
 
 GEMM = "gemm"                    # seconds = A·calls + B·multiply-adds (fp32, one thread)
@@ -185,14 +186,24 @@ def calibrate_gemm(shapes: Sequence[tuple[int, int, int]] = ((256, 2304, 16), (5
 
 
 def measure_link(probe_bytes: Sequence[int], repeats: int, channels: "Channels",
-                 ops: Sequence[str] = (ALL_REDUCE,)) -> FitTable:
-    """Every rank, at attach: time the collectives ``ops`` at ``probe_bytes`` on the first data channel and the
-    ``gemm`` line on this core, fit them, and agree on them (MAX of each coefficient over ranks, the cost model's
-    rule), so that every rank prices the plan from the same pessimistic table."""
-    from ...sync.cost_model.calibrate import agree, collective_samples
+                 ops: Sequence[str] = (ALL_REDUCE,), codec: Optional["Compressor"] = None,
+                 levels: Sequence[float] = (), seed: int = 0) -> FitTable:
+    """Every rank, at attach: time the collectives ``ops`` at ``probe_bytes`` on the first data channel, the
+    ``gemm`` line on this core and, given a ``codec``, its encode and decode at every one of ``levels`` (with
+    staging and write-back: the cost model's calibration, ``calibrate.codec_samples``), fit them, and agree on
+    them (MAX of each coefficient over ranks, the cost model's rule), so that every rank prices the plan from the
+    same pessimistic table, and a re-fit re-times the codec too."""
+    from ...sync.cost_model.calibrate import CODEC_SIZES, agree, codec_samples, collective_samples
     from ...sync.cost_model.fits import least_squares
     samples = collective_samples(tuple(ops), probe_bytes, repeats, channels)
-    local = FitTable({**{op: least_squares(samples[op]) for op in ops}, GEMM: calibrate_gemm(repeats=repeats)})
+    if codec is not None:
+        for level in levels:
+            timed = codec_samples(codec, float(level), CODEC_SIZES, repeats, seed, channels.world_size,
+                                  channels.rank)
+            for name, rows in timed.items():
+                samples.setdefault(name, []).extend(rows)
+    local = FitTable({**{name: least_squares(rows) for name, rows in samples.items()},
+                      GEMM: calibrate_gemm(repeats=repeats)})
     return agree(local, channels)
 
 
