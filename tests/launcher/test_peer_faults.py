@@ -1,7 +1,7 @@
 """A peer that stops responding or dies ends every other rank with a ds_gravac error, within ``timeout_s``.
 
-Real jobs under the real ``deepspeed`` launcher: one node with 2 CPU ranks, and two ``--no_ssh`` nodes of the
-emulated cluster (skipped without root/namespaces). Rank 1 of ``fault_job.py`` sends itself SIGSTOP (a hung peer:
+Real jobs under the real ``deepspeed`` launcher: two ``--no_ssh`` nodes of the emulated cluster or, where it cannot
+run (no root or namespaces), one node with 2 CPU ranks. Rank 1 of ``fault_job.py`` sends itself SIGSTOP (a hung peer:
 its sockets stay open, so only a timeout can notice) or SIGKILL (its sockets close at once) after a few steps.
 The seconds from the fault to rank 0's error are printed (``pytest -s``) for the benchmark notes.
 """
@@ -68,9 +68,28 @@ def job_args(fault: str, markers: Path) -> list[str]:
     return ["--fault", fault, "--timeout-s", str(TIMEOUT_S), "--markers", str(markers)]
 
 
+def emulated_cluster_unavailable(where: Path) -> str:
+    """Why the two-node variant cannot run here ("" when it can)."""
+    if os.geteuid() != 0:
+        return "needs root (CAP_NET_ADMIN) to create network namespaces"
+    from ds_gravac_bench import netns
+    from ds_gravac_bench.netns import ClusterError
+    try:
+        netns.check_prereqs()
+        reason = netns.probe(where, FAULT_TAG)
+    except ClusterError as err:
+        reason = str(err)
+    return f"cannot create network namespaces here: {reason}" if reason else ""
+
+
 @pytest.mark.launcher
 @pytest.mark.parametrize("fault", ["stop", "kill"])
 def test_single_node(fault: str, tmp_path: Path) -> None:
+    """The fallback where the emulated cluster cannot run (no root or namespaces): the same job on loopback. Where
+    it can, ``test_two_nodes`` runs the same faults over real sockets between namespaces, and this one is skipped
+    (it would add two launches and nothing the two-node runs do not show)."""
+    if not emulated_cluster_unavailable(tmp_path / "probe"):
+        pytest.skip("covered by test_two_nodes (the emulated cluster is available)")
     from harness import free_port
     deepspeed = os.path.join(os.path.dirname(sys.executable), "deepspeed")
     env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
@@ -97,18 +116,11 @@ def test_single_node(fault: str, tmp_path: Path) -> None:
 @pytest.mark.launcher
 @pytest.mark.parametrize("fault", ["stop", "kill"])
 def test_two_nodes(fault: str, tmp_path: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root (CAP_NET_ADMIN) to create network namespaces")
+    reason = emulated_cluster_unavailable(tmp_path / "probe")
+    if reason:
+        pytest.skip(reason)
     from ds_gravac_bench import netns
     from ds_gravac_bench.cluster import EmulatedCluster
-    from ds_gravac_bench.netns import ClusterError
-    try:
-        netns.check_prereqs()
-        reason = netns.probe(tmp_path / "probe", FAULT_TAG)
-    except ClusterError as err:
-        reason = str(err)
-    if reason:
-        pytest.skip(f"cannot create network namespaces here: {reason}")
     markers_dir = tmp_path / "markers"
     markers_dir.mkdir()
     with EmulatedCluster(ranks=2, rate="1gbit", tag=FAULT_TAG, outdir=tmp_path / "cluster") as cluster:
