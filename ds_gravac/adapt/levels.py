@@ -21,7 +21,7 @@ from ..errors import GravacConfigError
 
 # (low, high) compression of Accordion when the config leaves them unset; a quantizer uses its grid's ends.
 DEFAULT_LEVELS = {LevelKind.CF: (1.01, 10.0), LevelKind.RANK: (4.0, 1.0)}
-AUTO_COMPRESSORS = ("powersgd", "qsgd")   # mode "auto": per-group ranks or bits (the others: docs/algorithms.md §8)
+AUTO_COMPRESSORS = ("powersgd", "qsgd", "topk")   # mode "auto": per-group ranks, bits or CFs (docs/algorithms.md §8)
 GRAVAC_NEEDS = "ds_gravac: mode 'gravac' needs a compressor with gain_kind 'projection' and >= 2 realizable CFs"
 
 Realize = Callable[[float], float]
@@ -136,15 +136,16 @@ def check_rank_ladder(config: GravacConfig, compressor: Compressor) -> None:
 
 
 def check_auto(config: GravacConfig, name: str) -> None:
-    """``mode: "auto"`` drives PowerSGD's rank or QSGD's bits per layer group: other compressors, a fixed level it
-    would ignore, and QSGD with error feedback (whose error is not the variance auto budgets) are refused."""
+    """``mode: "auto"`` drives PowerSGD's rank, QSGD's bits or Top-k's CF per layer group: other compressors, a
+    fixed level it would ignore, and QSGD with error feedback (whose error is not the variance auto budgets) are
+    refused."""
     if name not in AUTO_COMPRESSORS:
         raise GravacConfigError(f"ds_gravac: mode 'auto' drives a compressor's level per layer group and "
                                 f"supports {', '.join(AUTO_COMPRESSORS)} in this version, not {name!r} (keys "
                                 f"\"mode\": \"auto\", \"compressor\": \"{name}\")")
     params = config.compressor.params
-    fixed = {"powersgd": ("rank", "the ranks 64, 32, 16, 8, 4, 2"), "qsgd": ("levels", "8, 4 and 2 bits")}[name]
-    if fixed[0] in params:
+    fixed = {"powersgd": ("rank", "the ranks 64, 32, 16, 8, 4, 2"), "qsgd": ("levels", "8, 4 and 2 bits")}.get(name)
+    if fixed is not None and fixed[0] in params:
         raise GravacConfigError(f"ds_gravac: key \"compressor.params.{fixed[0]}\" ({params[fixed[0]]!r}) is not "
                                 f"read by mode 'auto', whose levels are {fixed[1]} per layer group; remove the key")
     if name == "qsgd" and params.get("error_feedback"):

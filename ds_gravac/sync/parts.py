@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from ..config import GravacConfig
     from .aggregate_gain import AggregateGain
     from .quant_variance import QuantVariance
+    from .sparse_unsent import SparseUnsent
     from .buckets import BucketPlan, Member
     from .codec import BucketCodec
     from .collectives import Channels
@@ -40,7 +41,7 @@ class SyncParts(Protocol):
     planner: "Planner"
     rule: "ReduceRule"
     running: "Optional[RunningStep]"
-    aggregate: "Optional[AggregateGain | QuantVariance]"
+    aggregate: "Optional[AggregateGain | QuantVariance | SparseUnsent]"
     stats: "StepStatistics"
     world_size: int
     numel_total: int

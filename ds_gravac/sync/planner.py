@@ -108,8 +108,8 @@ class Planner:
         bucket = self.plan.buckets[b]
         if not bucket.compressible or decision.dense:
             return DENSE
-        if self.comp.kind == Kind.QUANTIZED and any(decision.level_for(m.name) >= PLAIN for m in bucket.members):
-            return DENSE      # a partition is encoded at one level: a member asked to go plain takes its bucket dense
+        if self.bucket_groups is not None and any(decision.level_for(m.name) >= PLAIN for m in bucket.members):
+            return DENSE      # a group of its own buckets (auto over a quantizer or a sparsifier) at the dense rung
         levels = tuple(self.comp.member_level(ctx, self.level(decision.level_for(m.name), step))
                        for m, ctx in zip(bucket.members, self.ctxs[b]))
         c = self.choice(b, levels)

@@ -65,6 +65,10 @@ class VarianceSignal:
     applied: float
     variance: tuple[float, ...]
 
+    @property
+    def per_level(self) -> tuple[float, ...]:
+        return self.variance
+
 
 @dataclass(frozen=True)
 class VarianceSample:

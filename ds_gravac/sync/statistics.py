@@ -18,6 +18,7 @@ from ..telemetry import stats as statvec
 from ..telemetry.stats import AgreedStats, StepStats
 from .aggregate_gain import AggregateGain
 from .quant_variance import QuantVariance
+from .sparse_unsent import SparseUnsent
 from .collectives import Work, all_gather_async
 from .deferred import resolve
 from .step_plan import StepPlan
@@ -30,7 +31,7 @@ class StepStatistics:
 
     def __init__(self, engine: Any, world_size: int, control: Any,
                  on_record: Optional[Callable[[dict[str, Any]], None]] = None,
-                 aggregate: Optional[AggregateGain | QuantVariance] = None) -> None:
+                 aggregate: Optional[AggregateGain | QuantVariance | SparseUnsent] = None) -> None:
         self.engine, self.world_size, self.control, self.on_record = engine, world_size, control, on_record
         self.aggregate = aggregate       # its tail (the previous step's aggregate gain) rides on every vector
         self.length = statvec.LENGTH + (aggregate.width if aggregate is not None else 0)

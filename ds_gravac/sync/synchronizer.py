@@ -31,6 +31,7 @@ from ..errors import GravacError
 from ..telemetry.stats import AgreedStats
 from .aggregate_gain import AggregateGain, check_aggregate_gain
 from .quant_variance import QuantVariance, VarianceSpec
+from .sparse_unsent import SparseUnsent, UnsentSpec
 from .buckets import BucketPlan, Member, sync_members
 from .codec import BucketCodec, SendLayout
 from .collectives import Channels, broadcast, check_agreement
@@ -90,9 +91,11 @@ class Synchronizer:
         self.running: Optional[RunningStep] = None
         self._ready_order: list[int] = []
         measured = groups is not None or (config.mode == "gravac" and config.gravac.gain_denominator == "aggregate")
-        self.aggregate: Optional[AggregateGain | QuantVariance] = None
+        self.aggregate: Optional[AggregateGain | QuantVariance | SparseUnsent] = None
         if isinstance(groups, VarianceSpec):
             self.aggregate = QuantVariance(self.planner, groups, config.seed, self.world_size)
+        elif isinstance(groups, UnsentSpec):
+            self.aggregate = SparseUnsent(self.planner, groups, config.seed, self.world_size)
         elif measured:
             self.aggregate = AggregateGain(compressor, self.planner, config.seed, self.world_size, groups=groups)
         compressor.wants_energies = isinstance(self.aggregate, AggregateGain)

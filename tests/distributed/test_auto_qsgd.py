@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import models as M
+from auto_watch import check_bucket_levels, check_resume, engine_of, group_of, records, watch
 from harness import run_ranks
 
 # a nominal 10 Mbit/s link (plans independent of this machine's timing), 128-wide layers each in buckets of their
@@ -26,49 +27,13 @@ DECISIONS = (2, 5, 8, 11)
 
 
 def _engine(world: int, section: dict = AUTO) -> Any:
-    import ds_gravac
-    model = M.make_model(seed=0, width=128)
-    engine, *_ = ds_gravac.initialize(model=model, model_parameters=model.parameters(),
-                                      config=M.ds_config(section, world=world))
-    return engine
-
-
-def _records(engine: Any) -> list[dict]:
-    import ds_gravac
-    keep = ("step", "branch", "bytes_sent", "dense_bytes", "nonfinite")
-    return [{k: v for k, v in r.items() if k in keep or k.startswith("auto/")}
-            for r in ds_gravac.get_handle(engine).pop_stats()]
-
-
-def _watched(engine: Any, rank: int) -> dict:
-    """Record every step's bucket actions, the agreed signals, and this rank's gradients of step PROBE."""
-    import ds_gravac
-    handle = ds_gravac.get_handle(engine)
-    seen: dict = {"actions": {}, "signals": {}, "grads": {}}
-    planner, ctl = handle.sync.planner, handle.controller
-    step_plan, observe = planner.step_plan, ctl.observe
-
-    def recorded_plan(step: int, decision: Any) -> Any:
-        plan = step_plan(step, decision)
-        seen["actions"][step] = [(a.compressed, a.levels) for a in plan.actions]
-        return plan
-
-    def recorded_observe(stats: Any) -> None:
-        if stats.aggregate is not None:
-            seen["signals"][stats.aggregate.step] = [(s.energy, s.applied, s.variance)
-                                                     for s in stats.aggregate.groups]
-        observe(stats)
-    planner.step_plan, ctl.observe = recorded_plan, recorded_observe
-    for name, p in engine.module.named_parameters():
-        p.register_hook(lambda g, name=name: seen["grads"].__setitem__(name, g.detach().double().clone())
-                        if engine.global_steps == PROBE else None)
-    return seen
+    return engine_of(section, world, width=128)
 
 
 def _job(rank: int, world: int, save_dir: str) -> dict:
     import ds_gravac
     straight = _engine(world)
-    seen = _watched(straight, rank)
+    seen = watch(straight, PROBE, lambda s: (s.energy, s.applied, s.variance))
     M.train(straight, rank, STEPS)
     handle = ds_gravac.get_handle(straight)
     groups = [(g.name, list(g.members), [(lv.family, lv.value) for lv in g.ladder]) for g in handle.controller.groups]
@@ -88,9 +53,9 @@ def _job(rank: int, world: int, save_dir: str) -> dict:
     fits, pricer = ctl.ctx.cost_fits(), ctl._pricer()
     return {"measured_fits": {k: (fits.get(k).a, fits.get(k).b) for k in fits.names()},
             "priced_codec": {k: (v.a, v.b) for k, v in pricer.tables["qsgd"].fits.items() if "@" in k},
-            "measured_records": _records(measured),"records": _records(straight), "params": M.params_of(straight), "groups": groups, "buckets": buckets, "sizes": sizes,
+            "measured_records": records(measured),"records": records(straight), "params": M.params_of(straight), "groups": groups, "buckets": buckets, "sizes": sizes,
             "actions": seen["actions"], "signals": seen["signals"], "grads": seen["grads"],
-            "saved": saved, "loaded": loaded, "resumed_records": _records(resumed),
+            "saved": saved, "loaded": loaded, "resumed_records": records(resumed),
             "resumed_params": M.params_of(resumed)}
 
 
@@ -99,15 +64,11 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     return run_ranks(_job, 2, str(tmp_path_factory.mktemp("auto_qsgd")))
 
 
-def _group_of(res: dict) -> dict[str, int]:
-    return {m: g for g, (_, members, _) in enumerate(res["groups"]) for m in members}
-
-
 def test_no_bucket_mixes_groups(results: list[dict]) -> None:
     res = results[0]
-    group_of = _group_of(res)
+    owner = group_of(res)
     compressible = [names for ok, names in res["buckets"] if ok]
-    assert compressible and all(len({group_of[n] for n in names}) == 1 for names in compressible)
+    assert compressible and all(len({owner[n] for n in names}) == 1 for names in compressible)
     assert results[1]["buckets"] == res["buckets"]
 
 
@@ -121,22 +82,7 @@ def test_ranks_apply_the_same_codes_and_params(results: list[dict]) -> None:
 
 def test_each_bucket_is_sent_at_its_groups_level(results: list[dict]) -> None:
     """Level b bits ↔ QSGD at CF 32/b; dense (level 0) ↔ the bucket sent dense; every step, every bucket."""
-    res = results[0]
-    group_of, names = _group_of(res), [g[0] for g in res["groups"]]
-    recs = {int(r["step"]): r for r in res["records"]}
-    compressed_somewhere = False
-    for step, actions in res["actions"].items():
-        for (compressible, members), (compressed, levels) in zip(res["buckets"], actions):
-            if not compressible:
-                assert not compressed
-                continue
-            bits = recs[step][f"auto/level/{names[group_of[members[0]]]}"]
-            if recs[step]["branch"] == "dense" or bits == 0.0:
-                assert not compressed, (step, members)
-            else:
-                assert compressed and set(levels) == {32.0 / bits}, (step, members, levels)
-                compressed_somewhere = True
-    assert compressed_somewhere
+    check_bucket_levels(results[0], lambda bits: 32.0 / bits)
 
 
 def test_variance_signals_of_a_dense_step_match_a_float64_reference(results: list[dict]) -> None:
@@ -146,14 +92,14 @@ def test_variance_signals_of_a_dense_step_match_a_float64_reference(results: lis
     from ds_gravac.sync.server_memory import partition_size
     r0, r1 = results
     assert not any(c for c, _ in r0["actions"][PROBE])       # PROBE is a dense step
-    group_of = _group_of(r0)
+    owner = group_of(r0)
     count = len(r0["groups"])
     expected_v = [[0.0, 0.0, 0.0] for _ in range(count)]
     expected_s = [0.0] * count
     for compressible, members in r0["buckets"]:
         if not compressible:
             continue
-        g = group_of[members[0]]
+        g = owner[members[0]]
         # a parameter without a gradient ("unused") is sent as zeros
         flats = [torch.cat([res["grads"][m].reshape(-1) if m in res["grads"]
                             else torch.zeros(r0["sizes"][m], dtype=torch.float64) for m in members])
@@ -189,15 +135,9 @@ def test_tight_start_then_fewer_bits_within_the_budget(results: list[dict]) -> N
 
 
 def test_resume_restores_the_plan_and_matches(results: list[dict]) -> None:
-    timed = ("auto/measured_step_s", "auto/predicted_step_s")
     for res in results:
         assert res["loaded"] == res["saved"] and res["saved"]["decisions"] == 2
-        for name, value in res["params"].items():
-            assert torch.equal(value, res["resumed_params"][name]), name
-        straight = {int(r["step"]): r for r in res["records"]}
-        for rec in res["resumed_records"]:
-            assert ({k: v for k, v in rec.items() if k not in timed}
-                    == {k: v for k, v in straight[int(rec["step"])].items() if k not in timed}), rec["step"]
+        check_resume(res)
 
 
 def test_the_measured_link_and_codec_are_agreed_and_priced(results: list[dict]) -> None:

@@ -61,8 +61,8 @@ def test_auto_unknown_key_and_cross_rule() -> None:
 def test_auto_refuses_other_compressors_at_attach() -> None:
     from ds_gravac.integration.engine import build_compressor
 
-    with pytest.raises(GravacConfigError, match=r"mode 'auto' .* supports powersgd, qsgd .* not 'topk' .*\"compressor\""):
-        build_compressor(parse_config({"mode": "auto", "compressor": "topk"}))
+    with pytest.raises(GravacConfigError, match=r"mode 'auto' .* supports powersgd, qsgd, topk .* not 'randomk' .*\"compressor\""):
+        build_compressor(parse_config({"mode": "auto", "compressor": "randomk"}))
     with pytest.raises(GravacConfigError, match=r'key "compressor.params.rank" \(8\) is not read by mode .auto.'):
         build_compressor(parse_config({"mode": "auto", "compressor": {"type": "powersgd", "params": {"rank": 8}}}))
     comp = build_compressor(parse_config({"mode": "auto", "compressor": "powersgd"}))

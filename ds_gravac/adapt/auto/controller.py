@@ -41,10 +41,11 @@ from ...compress.qsgd import LEVELS_FOR_CF
 from ...sync.aggregate_gain import GroupSpec
 from ...sync.cost_model.fits import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, FitTable, LinearFit
 from ...sync.quant_variance import VarianceSpec
+from ...sync.sparse_unsent import UnsentSpec
 from ...decision import StepDecision
 from ..base import AgreedStats, Controller, ControllerContext
-from .ladder import DENSE, LOWRANK, QSGD, QSGD_BITS, RANKS, REFERENCE, Group, Level, build_groups, uniform_codes
-from .signals import GroupErrors, GroupVariances
+from .ladder import DENSE, LOWRANK, QSGD, QSGD_BITS, RANKS, REFERENCE, SPARSE, SPARSE_CFS, Group, Level, build_groups, uniform_codes
+from .signals import GroupErrors, GroupLevelErrors
 from .solver import Hysteresis, totals
 from .timing import GEMM, Pricer, link_fits
 
@@ -55,8 +56,8 @@ QSGD_CFS = tuple(32.0 / b for b in QSGD_BITS)      # 8, 4, 2 bits: CF 4, 8, 16
 
 
 def family_of(compressor_type: str) -> str:
-    """The ladder family a compressor drives: QSGD's bits, or a low-rank compressor's ranks."""
-    return QSGD if compressor_type == "qsgd" else LOWRANK
+    """The ladder family a compressor drives: QSGD's bits, Top-k's CFs, or a low-rank compressor's ranks."""
+    return {"qsgd": QSGD, "topk": SPARSE}.get(compressor_type, LOWRANK)
 
 
 class AutoController(Controller):
@@ -74,7 +75,7 @@ class AutoController(Controller):
         self.groups: list[Group] = []
         self.codes: list[int] = []
         self.reference: list[int] = []
-        self.signals: GroupErrors | GroupVariances = GroupErrors([], RANKS)
+        self.signals: GroupErrors | GroupLevelErrors = GroupErrors([], RANKS)
         self.hyst = Hysteresis(0, float(a.min_gain), int(a.dwell))
         self.decisions = 0
         self.tight_until = self.start + self.tight_steps
@@ -91,9 +92,10 @@ class AutoController(Controller):
         self._priced: Optional[tuple[tuple, list[list[float]]]] = None    # (pricer key, times): derived, not state
 
     # ---- groups (called by the synchronizer before the first plan) ----------------------------------------
-    def signal_groups(self, named_shapes: Sequence[tuple[str, Sequence[int]]]) -> GroupSpec | VarianceSpec:
+    def signal_groups(self, named_shapes: Sequence[tuple[str, Sequence[int]]]
+                      ) -> GroupSpec | VarianceSpec | UnsentSpec:
         """The groups of the compressed tensors, and what the statistics must measure for them (over a quantizer
-        also that each group needs buckets of its own)."""
+        or a sparsifier also that each group needs buckets of its own)."""
         rate = float(self.config.compressor.params.get("min_compression_rate", 2.0))
         self.groups = build_groups(named_shapes, families=(self.family,), classifier="auto",
                                    min_numel=int(self.config.auto.pin_below_numel), min_compression_rate=rate)
@@ -103,8 +105,11 @@ class AutoController(Controller):
         self.hyst = Hysteresis(len(self.groups), self.hyst.min_gain, self.hyst.dwell)
         self._levels = self._member_levels(self.codes)
         members = {m: g.index for g in self.groups for m in g.members}
+        if self.family == SPARSE:
+            self.signals = GroupLevelErrors(self.groups, SPARSE, SPARSE_CFS)
+            return UnsentSpec(members=members, count=len(self.groups), cfs=SPARSE_CFS)
         if self.family == QSGD:
-            self.signals = GroupVariances(self.groups, QSGD_CFS)
+            self.signals = GroupLevelErrors(self.groups, QSGD, QSGD_CFS)
             block = int(self.config.compressor.params.get("bucket_size", 128))
             return VarianceSpec(members=members, count=len(self.groups), cfs=QSGD_CFS,
                                 s=tuple(LEVELS_FOR_CF[cf] for cf in QSGD_CFS), block=block)
@@ -113,15 +118,17 @@ class AutoController(Controller):
 
     @property
     def codec_levels(self) -> tuple[float, ...]:
-        """The compressor levels whose encode and decode ``auto.link: "measure"`` times on this core (QSGD's CFs;
-        low rank's codec is the ``gemm`` line)."""
-        return QSGD_CFS if self.family == QSGD else ()
+        """The compressor levels whose encode and decode ``auto.link: "measure"`` times on this core (QSGD's and
+        Top-k's CFs; low rank's codec is the ``gemm`` line)."""
+        return {QSGD: QSGD_CFS, SPARSE: SPARSE_CFS}.get(self.family, ())
 
     @property
     def link_ops(self) -> tuple[str, ...]:
-        """The collectives the levels use, which ``auto.link: "measure"`` times: the all-reduce (dense, low rank)
-        and, over a quantizer, the all-gather of its partitions (the all-to-all of CaSync-PS above two ranks)."""
-        return (ALL_REDUCE, ALL_GATHER, ALL_TO_ALL) if self.family == QSGD else (ALL_REDUCE,)
+        """The collectives the levels use, which ``auto.link: "measure"`` times: the all-reduce (dense, low rank),
+        the all-gather of a quantizer's partitions (and the all-to-all of CaSync-PS above two ranks) or of
+        Top-k's index-value pairs."""
+        return {QSGD: (ALL_REDUCE, ALL_GATHER, ALL_TO_ALL), SPARSE: (ALL_REDUCE, ALL_GATHER)}.get(self.family,
+                                                                                              (ALL_REDUCE,))
 
     def bind(self, ctx: ControllerContext) -> None:
         super().bind(ctx)
@@ -138,6 +145,8 @@ class AutoController(Controller):
                 value = float(level.value)
             elif level.family == QSGD:
                 value = 32.0 / float(level.value)       # b bits: CF 32/b
+            elif level.family == SPARSE:
+                value = float(level.value)
             else:
                 value = PLAIN
             out.update({m: value for m in g.members})
@@ -189,8 +198,8 @@ class AutoController(Controller):
         if GEMM in fits.names():
             codec[LOWRANK] = {GEMM: fits.get(GEMM)}
         measured = {k: fits.get(k) for k in fits.names() if k.startswith(("encode@", "decode@"))}
-        if self.family == QSGD and measured:       # the codec timed with the link (not another compressor's)
-            codec[QSGD] = measured
+        if self.family in (QSGD, SPARSE) and measured:   # the codec timed with the link (this compressor's)
+            codec[self.family] = measured
         return Pricer({k: fits.get(k) for k in fits.names() if k != GEMM}, world, codec=codec or None)
 
     def _tables(self, signals: GroupErrors) -> tuple[list[list[float]], list[list[float]]]:
@@ -203,14 +212,14 @@ class AutoController(Controller):
         return [list(row) for row in self._priced[1]], signals.errors(self.groups)
 
     def _budget(self, errors: list[list[float]], times: list[list[float]], tight: bool,
-                signals: GroupErrors | GroupVariances) -> tuple[float, float, float]:
+                signals: GroupErrors | GroupLevelErrors) -> tuple[float, float, float]:
         """β times the reference's error; over a quantizer, while quiet, at least the variance that keeps
         ``S/(S + V)`` at ``efficiency_floor`` (8 bits everywhere adds far less than a step's signal energy)."""
         a = self.config.auto
         ref_t, ref_e = totals(times, errors, self.reference)
         beta = a.budget_tight if tight else a.budget_quiet
         budget = float(beta) * ref_e
-        if not tight and isinstance(signals, GroupVariances):
+        if not tight and self.family == QSGD and isinstance(signals, GroupLevelErrors):
             budget = max(budget, signals.signal() * (1.0 / float(a.efficiency_floor) - 1.0))
         return ref_t, ref_e, budget
 
@@ -318,12 +327,12 @@ class AutoController(Controller):
         levels = self._levels
         if raised:
             levels = {**levels, **{m: REPROJECT for i in sorted(raised) for m in self.groups[i].members}}
-        send = REFERENCE[LOWRANK] if self.family == LOWRANK else 32.0 / REFERENCE[QSGD]
+        send = 32.0 / REFERENCE[QSGD] if self.family == QSGD else REFERENCE[self.family]
         return StepDecision(step=step, branch="cand", send_level=send, layer_levels=levels)
 
     # ---- telemetry and state ------------------------------------------------------------------------------
     def telemetry(self) -> dict[str, Any]:
-        out: dict[str, Any] = {f"auto/level/{g.name}": float(g.ladder[c].value)      # rank or bits; 0: dense
+        out: dict[str, Any] = {f"auto/level/{g.name}": float(g.ladder[c].value)      # rank, bits or CF; 0: dense
                                for g, c in zip(self.groups, self.codes)}
         ref_e = self.last["ref_error"]
         out.update({"auto/tight": int(self.tight), "auto/decisions": self.decisions,

@@ -1,5 +1,6 @@
 """The error signals of ``mode: "auto"`` per group, from agreed statistics only: unsent energy over a low-rank
-compressor (:class:`GroupErrors`), added variance over a quantizer (:class:`GroupVariances`).
+compressor (:class:`GroupErrors`); added variance over a quantizer, pooled unsent energy over a sparsifier
+(:class:`GroupLevelErrors`).
 
 Every step the statistics exchange carries, per group, what the low-rank aggregate applied (``sync/aggregate_gain.py``
 with a ``GroupSpec``): ``‖x̄_g‖²`` and the prefix energies ``Σ_{k≤r} ‖c_k‖²`` of the averaged factors at every
@@ -117,37 +118,40 @@ class GroupErrors:
         self.sum_den = [[float(v) for v in r] for r in state["sum_den"]]
 
 
-class GroupVariances:
-    """Per group over a quantizer (``sync/quant_variance.py``): the interval's mean signal energy ``S_g`` and the
-    mean variance ``V_g`` of every QSGD level. Every level is measured on every step (from the input, before
-    encoding), so nothing is carried over from older intervals."""
+class GroupLevelErrors:
+    """Per group, for a family whose every level is measured on every step (QSGD's variance,
+    ``sync/quant_variance.py``; a sparsifier's pooled unsent energy, ``sync/sparse_unsent.py``): the interval's
+    mean energy of the averaged update and the mean error of every level. Nothing is carried over from older
+    intervals."""
 
-    def __init__(self, groups: Sequence[Group], cfs: Sequence[float]) -> None:
+    def __init__(self, groups: Sequence[Group], family: str, cfs: Sequence[float]) -> None:
+        self.family = family
         self.cfs = tuple(float(c) for c in cfs)
         self.count = len(groups)
         self.energy = [0.0] * self.count
         self.measured = [False] * self.count
         self.previous = [-1.0] * self.count
-        self.variance = [[0.0] * len(self.cfs) for _ in range(self.count)]
+        self.level_error = [[0.0] * len(self.cfs) for _ in range(self.count)]
         self._reset_sums()
 
     def _reset_sums(self) -> None:
         self.sum_energy = [0.0] * self.count
         self.n_energy = [0] * self.count
-        self.sum_var = [[0.0] * len(self.cfs) for _ in range(self.count)]
+        self.sum_error = [[0.0] * len(self.cfs) for _ in range(self.count)]
 
     def add(self, signals: Sequence[Any]) -> None:
-        """One step's agreed ``VarianceSignal`` per group (a group with a non-finite term is skipped)."""
+        """One step's agreed signal per group (``energy``, ``per_level``); a group with a non-finite term is
+        skipped."""
         if len(signals) != self.count:
             return
         for g, sig in enumerate(signals):
-            terms = [float(sig.energy), *(float(v) for v in sig.variance)]
+            terms = [float(sig.energy), *(float(v) for v in sig.per_level)]
             if len(terms) != 1 + len(self.cfs) or not all(math.isfinite(v) and v >= 0 for v in terms):
                 continue
             self.sum_energy[g] += terms[0]
             self.n_energy[g] += 1
             for j, v in enumerate(terms[1:]):
-                self.sum_var[g][j] += v
+                self.sum_error[g][j] += v
 
     def close_interval(self) -> None:
         for g in range(self.count):
@@ -155,7 +159,7 @@ class GroupVariances:
             if n:
                 self.previous[g] = self.energy[g] if self.measured[g] else -1.0
                 self.energy[g] = self.sum_energy[g] / n
-                self.variance[g] = [v / n for v in self.sum_var[g]]
+                self.level_error[g] = [v / n for v in self.sum_error[g]]
                 self.measured[g] = True
         self._reset_sums()
 
@@ -173,26 +177,28 @@ class GroupVariances:
     norm_changes = GroupErrors.norm_changes
 
     def errors(self, groups: Sequence[Group]) -> list[list[float]]:
-        """Variance of every rung of every ladder: 0 for dense, ``V_g`` of the rung's QSGD level."""
+        """The error of every rung of every ladder: 0 for dense, the group's mean at the rung's CF (QSGD's b bits:
+        CF 32/b)."""
         pos = {cf: j for j, cf in enumerate(self.cfs)}
-        return [[self.variance[g][pos[32.0 / level.value]] if level.family == QSGD else 0.0
-                 for level in group.ladder] for g, group in enumerate(groups)]
+        return [[self.level_error[g][pos[32.0 / level.value if level.family == QSGD else level.value]]
+                 if level.family == self.family else 0.0 for level in group.ladder]
+                for g, group in enumerate(groups)]
 
     def state_dict(self) -> dict[str, Any]:
         return {"energy": list(self.energy), "measured": list(self.measured), "previous": list(self.previous),
-                "variance": [list(r) for r in self.variance], "sum_energy": list(self.sum_energy),
-                "n_energy": list(self.n_energy), "sum_var": [list(r) for r in self.sum_var]}
+                "level_error": [list(r) for r in self.level_error], "sum_energy": list(self.sum_energy),
+                "n_energy": list(self.n_energy), "sum_error": [list(r) for r in self.sum_error]}
 
     def load_state_dict(self, state: Optional[Mapping[str, Any]]) -> None:
-        if not state or "variance" not in state or len(state["energy"]) != self.count:
+        if not state or "level_error" not in state or len(state["energy"]) != self.count:
             return
         self.energy = [float(v) for v in state["energy"]]
         self.measured = [bool(v) for v in state["measured"]]
         self.previous = [float(v) for v in state["previous"]]
-        self.variance = [[float(v) for v in r] for r in state["variance"]]
+        self.level_error = [[float(v) for v in r] for r in state["level_error"]]
         self.sum_energy = [float(v) for v in state["sum_energy"]]
         self.n_energy = [int(v) for v in state["n_energy"]]
-        self.sum_var = [[float(v) for v in r] for r in state["sum_var"]]
+        self.sum_error = [[float(v) for v in r] for r in state["sum_error"]]
 
 
-__all__ = ["GroupErrors", "GroupVariances"]
+__all__ = ["GroupErrors", "GroupLevelErrors"]
