@@ -1,6 +1,6 @@
 """The allocation ``mode: "auto"`` chose over training, as a heat-map: one row per layer group, one column per
-step, the colour the level the group sent (dense, or a PowerSGD rank), read from the ``auto/level/<group>``
-fields of a run's ``steps.jsonl``.
+step, the colour the level the group sent (dense, or a PowerSGD rank, QSGD's bits or Top-k's CF, as
+``auto/family_code`` says), read from the ``auto/level/<group>`` fields of a run's ``steps.jsonl``.
 
     python -m runners.auto_heatmap runs/<run>/steps.jsonl --out runs/<run>/auto_levels.png
 
@@ -17,6 +17,8 @@ from typing import Any, Iterable, Optional, Sequence
 
 PREFIX = "auto/level/"
 DENSE = 0.0          # the records' code for a group sent plain
+# "auto/family_code" → how a level reads, and whether a larger value compresses less (ranks, bits) or more (CFs)
+UNITS = {0: ("rank {:g}", True), 1: ("{:g} bits", True), 2: ("CF {:g}", False)}
 
 
 def level_grid(records: Iterable[dict[str, Any]]) -> tuple[list[str], list[int], list[list[float]]]:
@@ -34,6 +36,14 @@ def level_grid(records: Iterable[dict[str, Any]]) -> tuple[list[str], list[int],
     return groups, [s for s, _ in rows], grid
 
 
+def legend(records: Sequence[dict[str, Any]], grid: Sequence[Sequence[float]]) -> list[tuple[float, str]]:
+    """The levels the grid holds, dense first, then from least to most compressed, each with its label."""
+    code = next((r["auto/family_code"] for r in records if "auto/family_code" in r), 0)
+    label, larger_is_finer = UNITS[int(code)]
+    values = sorted({v for row in grid for v in row if math.isfinite(v) and v != DENSE}, reverse=larger_is_finer)
+    return [(DENSE, "dense")] + [(v, label.format(v)) for v in values]
+
+
 def read_records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
@@ -48,8 +58,9 @@ def plot(records: Sequence[dict[str, Any]], out: Path, title: str = "") -> Optio
     import matplotlib.pyplot as plt
     from matplotlib.colors import ListedColormap
 
-    ranks = sorted({v for row in grid for v in row if math.isfinite(v) and v != DENSE}, reverse=True)
-    codes = {DENSE: 0, **{r: i + 1 for i, r in enumerate(ranks)}}          # dense first, then ranks high to low
+    rungs = legend(records, grid)
+    ranks = [v for v, _ in rungs[1:]]
+    codes = {v: i for i, (v, _) in enumerate(rungs)}
     image = [[codes.get(v, math.nan) if math.isfinite(v) else math.nan for v in row] for row in grid]
     colours = ["#222222"] + [plt.get_cmap("viridis")(i / max(1, len(ranks) - 1)) for i in range(len(ranks))]
     fig, ax = plt.subplots(figsize=(8, 0.3 * len(groups) + 1.6))
@@ -59,7 +70,7 @@ def plot(records: Sequence[dict[str, Any]], out: Path, title: str = "") -> Optio
     ax.set_yticklabels(groups, fontsize=6)
     ax.set_xlabel("step")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours]
-    ax.legend(handles, ["dense"] + [f"rank {r:g}" for r in ranks], fontsize=6, loc="upper left",
+    ax.legend(handles, [name for _, name in rungs], fontsize=6, loc="upper left",
               bbox_to_anchor=(1.0, 1.0))
     ax.set_title(title or "auto: level per group", fontsize=8)
     fig.tight_layout()

@@ -91,3 +91,14 @@ def test_unsent_energy_of_a_dense_step_matches_a_float64_reference(results: list
 def test_resume_restores_the_plan_and_matches(results: list[dict]) -> None:
     for res in results:
         check_resume(res)
+
+
+def test_heatmap_reads_cfs_least_compressed_first(results: list[dict], tmp_path) -> None:
+    from runners.auto_heatmap import legend, level_grid, plot
+    records = results[0]["records"]
+    assert {r["auto/family_code"] for r in records} == {2}
+    rungs = legend(records, level_grid(records)[2])
+    assert rungs[0] == (0.0, "dense") and len(rungs) > 1
+    assert [v for v, _ in rungs[1:]] == sorted(v for v, _ in rungs[1:])          # CF 4 before CF 100
+    assert all(name == f"CF {v:g}" for v, name in rungs[1:])
+    assert plot(records, tmp_path / "auto_levels.png").stat().st_size > 0

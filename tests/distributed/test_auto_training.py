@@ -300,6 +300,10 @@ def test_heatmap_of_the_allocation(results: list[dict], tmp_path) -> None:
     for g, row in zip(groups, grid):
         assert row == [r[f"auto/level/{g}"] for r in records], g
     assert plot(records, tmp_path / "auto_levels.png").stat().st_size > 0
+    from runners.auto_heatmap import legend
+    rungs = legend(records, grid)
+    assert rungs[0] == (0.0, "dense") and [v for v, _ in rungs[1:]] == sorted((v for v, _ in rungs[1:]), reverse=True)
+    assert all(name == f"rank {v:g}" for v, name in rungs[1:])
 
 
 def test_a_step_off_its_prediction_re_times_the_link_on_every_rank(results: list[dict]) -> None:

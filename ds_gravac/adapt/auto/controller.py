@@ -53,6 +53,7 @@ FIRST_SIGNAL_STEP = 2        # step 0's signals arrive with step 1's statistics:
 STATE_VERSION = 1
 STEP_TIMES_KEPT = 100000     # a bound on the interval's measured steps (an interval is at most 100,000 steps)
 QSGD_CFS = tuple(32.0 / b for b in QSGD_BITS)      # 8, 4, 2 bits: CF 4, 8, 16
+FAMILY_CODES = {LOWRANK: 0, QSGD: 1, SPARSE: 2}    # telemetry "auto/family_code": what auto/level/<group> counts
 
 
 def family_of(compressor_type: str) -> str:
@@ -335,7 +336,8 @@ class AutoController(Controller):
         out: dict[str, Any] = {f"auto/level/{g.name}": float(g.ladder[c].value)      # rank, bits or CF; 0: dense
                                for g, c in zip(self.groups, self.codes)}
         ref_e = self.last["ref_error"]
-        out.update({"auto/tight": int(self.tight), "auto/decisions": self.decisions,
+        out.update({"auto/family_code": FAMILY_CODES[self.family], "auto/tight": int(self.tight),
+                    "auto/decisions": self.decisions,
                     "auto/predicted_exchange_s": self.last["time"], "auto/reference_exchange_s": self.last["ref_time"],
                     "auto/predicted_step_s": self.last["step"], "auto/measured_step_s": self.last["measured_step"],
                     "auto/error": self.last["error"], "auto/budget": self.last["budget"],
