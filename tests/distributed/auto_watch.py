@@ -83,3 +83,28 @@ def check_bucket_levels(res: dict, cf_of: Callable[[float], float]) -> None:
                 assert compressed and set(levels) == {cf_of(level)}, (step, members, levels)
                 compressed_somewhere = True
     assert compressed_somewhere
+
+
+def poisoned_step(engine: Any, rank: int, step: int) -> tuple[dict, dict, dict, dict]:
+    """Train step ``step`` with rank 1's gradient of one tensor NaN, then one finite step: the controller state
+    before the poisoned step, after it, after the next one (which would carry its signals), and its record."""
+    import ds_gravac
+    import models as M
+    ctl = ds_gravac.get_handle(engine).controller
+    records(engine)                     # drop the earlier records
+    before = ctl.state_dict()
+    engine.module.hidden[0].weight.register_hook(
+        lambda g: g.clone().fill_(float("nan")) if rank == 1 and engine.global_steps == step else g)
+    M.train(engine, rank, 1, start=step)
+    after = ctl.state_dict()
+    M.train(engine, rank, 1, start=step + 1)
+    return before, after, ctl.state_dict(), records(engine)[0]
+
+
+def check_poisoned(res: dict, step: int) -> None:
+    """Nothing of a non-finite step reaches the state: not at the step, and its signals are not sent with the next
+    (whose statistics carry no sample, so no group's sample count moves)."""
+    before, after, following, record = res["poisoned"]
+    assert record["step"] == step and record["nonfinite"] == 1
+    assert after == before and any(before["signals"]["n_energy"])
+    assert following["signals"]["n_energy"] == after["signals"]["n_energy"]

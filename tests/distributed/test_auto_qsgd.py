@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import models as M
-from auto_watch import check_bucket_levels, check_resume, engine_of, group_of, records, watch
+from auto_watch import (check_bucket_levels, check_poisoned, check_resume, engine_of, group_of, poisoned_step,
+                        records, watch)
 from harness import run_ranks
 
 # a nominal 10 Mbit/s link (plans independent of this machine's timing), 128-wide layers each in buckets of their
@@ -47,6 +48,8 @@ def _job(rank: int, world: int, save_dir: str) -> dict:
     ds_gravac.get_handle(resumed).load_checkpoint(save_dir, tag="auto")
     loaded = ds_gravac.get_handle(resumed).controller.state_dict()
     M.train(resumed, rank, STEPS - SAVE, start=SAVE)
+    resumed_records, resumed_params = records(resumed), M.params_of(resumed)
+    poisoned = poisoned_step(resumed, rank, STEPS)
     measured = _engine(world, MEASURED)
     M.train(measured, rank, 4)
     ctl = ds_gravac.get_handle(measured).controller
@@ -55,8 +58,8 @@ def _job(rank: int, world: int, save_dir: str) -> dict:
             "priced_codec": {k: (v.a, v.b) for k, v in pricer.tables["qsgd"].fits.items() if "@" in k},
             "measured_records": records(measured),"records": records(straight), "params": M.params_of(straight), "groups": groups, "buckets": buckets, "sizes": sizes,
             "actions": seen["actions"], "signals": seen["signals"], "grads": seen["grads"],
-            "saved": saved, "loaded": loaded, "resumed_records": records(resumed),
-            "resumed_params": M.params_of(resumed)}
+            "saved": saved, "loaded": loaded, "resumed_records": resumed_records, "poisoned": poisoned,
+            "resumed_params": resumed_params}
 
 
 @pytest.fixture(scope="module")
@@ -132,6 +135,11 @@ def test_tight_start_then_fewer_bits_within_the_budget(results: list[dict]) -> N
     for s in range(1, STEPS):
         if s not in DECISIONS:
             assert {k: recs[s][k] for k in levels} == {k: recs[s - 1][k] for k in levels}, s
+
+
+def test_a_nonfinite_step_leaves_the_controller_untouched(results: list[dict]) -> None:
+    for res in results:
+        check_poisoned(res, STEPS)
 
 
 def test_resume_restores_the_plan_and_matches(results: list[dict]) -> None:

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import models as M
-from auto_watch import check_bucket_levels, check_resume, engine_of, group_of, records, watch
+from auto_watch import (check_bucket_levels, check_poisoned, check_resume, engine_of, group_of, poisoned_step,
+                        records, watch)
 from harness import run_ranks
 
 # 16-wide layers: fewer compressible values than the signal's samples, so the estimate is exact; a nominal slow link
@@ -41,8 +42,10 @@ def _job(rank: int, world: int, save_dir: str) -> dict:
     resumed = _engine(world)
     ds_gravac.get_handle(resumed).load_checkpoint(save_dir, tag="auto")
     M.train(resumed, rank, STEPS - SAVE, start=SAVE)
-    return {"records": records(engine), "params": M.params_of(engine), "resumed_records": records(resumed),
-            "resumed_params": M.params_of(resumed), "actions": seen["actions"], "signals": seen["signals"],
+    resumed_records, resumed_params = records(resumed), M.params_of(resumed)
+    poisoned = poisoned_step(resumed, rank, STEPS)
+    return {"records": records(engine), "params": M.params_of(engine), "resumed_records": resumed_records, "poisoned": poisoned,
+            "resumed_params": resumed_params, "actions": seen["actions"], "signals": seen["signals"],
             "grads": seen["grads"], "shapes": {m.name: tuple(m.param.shape) for m in handle.sync.members},
             "groups": [(g.name, list(g.members)) for g in ctl.groups],
             "buckets": [(b.compressible, [m.name for m in b.members]) for b in handle.sync.plan.buckets]}
@@ -86,6 +89,11 @@ def test_unsent_energy_of_a_dense_step_matches_a_float64_reference(results: list
         assert got_energy == pytest.approx(energy, rel=1e-9, abs=1e-15), name
         assert list(got_unsent) == pytest.approx(unsent, rel=1e-9, abs=1e-15), name
         assert list(got_unsent) == sorted(got_unsent)            # a higher CF leaves more behind
+
+
+def test_a_nonfinite_step_leaves_the_controller_untouched(results: list[dict]) -> None:
+    for res in results:
+        check_poisoned(res, STEPS)
 
 
 def test_resume_restores_the_plan_and_matches(results: list[dict]) -> None:
