@@ -55,7 +55,11 @@ class FidelityTask:
 LONG_IMAGES = ("--num-classes", "100", "--synthetic-noise", "12", "--synthetic-size", "400000")
 BASELINES = ("ds_dense", "ds_dense_jitter", "ds_fp16", "ds_bf16", "ddp_dense", "ddp_bf16", "ddp_powersgd",
              "ddp_localsgd")
-OURS = ("gv_default", "gv_powersgd_r4", "gv_topk_100", "gv_gravac")
+# the best static per family (gv_powersgd_r4, gv_topk_100) stand until the tuning sweep picks them; GraVAC with the
+# paper's settings (window 500, ε 0.7 and 0.9, Top-k 10…1000); Accordion; auto over each family it drives
+PAPER_GRAVAC = ("gv_gravac@gravac.window=500", "gv_gravac@gravac.window=500@gravac.epsilon=0.9")
+OURS = ("gv_default", "gv_powersgd_r4", "gv_topk_100", *PAPER_GRAVAC, "gv_accordion_topk", "gv_auto", "gv_auto_qsgd",
+        "gv_auto_topk")
 
 
 def _schedule(steps: int, warmup: int, eval_every: int, eval_batches: int) -> tuple[str, ...]:
