@@ -7,8 +7,9 @@ calls are not ours to count. On CPU nothing synchronizes, so a count taken there
 ``device_path.force_device_path()`` is the number of synchronizations the same step would make on a GPU.
 
 Calls on tensors that are host tensors on every device are not counted: the gathered statistics table and the
-control channel's broadcasts and agreement checks (``HOST_ONLY``: those tensors are created on the CPU whatever
-the device, and the control channel is a gloo group). On CUDA, ``torch.cuda.set_sync_debug_mode`` is the
+control channel's broadcasts and agreement checks, and ``sync/host_values.py``'s operations on host copies and
+CPU-drawn sample indices (``HOST_ONLY``: those tensors are created on the CPU whatever the device, and the control
+channel is a gloo group). On CUDA, ``torch.cuda.set_sync_debug_mode`` is the
 device's own check (``ds_gravac_bench.device_check``).
 """
 from __future__ import annotations
@@ -31,7 +32,7 @@ ALWAYS = frozenset({"item", "tolist", "__bool__", "__int__", "__float__", "__ind
                     "count_nonzero_static"})
 # files whose tensors are host tensors on every device (created without a device; the control channel is gloo)
 HOST_ONLY = tuple(os.path.join(*p) for p in (("telemetry", "stats.py"), ("sync", "statistics.py"),
-                                               ("sync", "collectives.py")))
+                                               ("sync", "collectives.py"), ("sync", "host_values.py")))
 
 
 TENSOR_METHODS = tuple(sorted(ALWAYS - {"count_nonzero_static", "allclose"})) + (
@@ -141,6 +142,9 @@ BUDGET: dict[str, int] = {
     "dgc": STATS + 14,                  # each gathered row's real entry count, read by the decode
     "redsync": STATS + 20,              # mean, max, and a count per bisection step (≤ max_iters, data-dependent)
     "sidco": STATS + 24,                # fitted-threshold stages: the exceedances and their statistics per stage
+    # mode auto: the per-group error signals of the last step (PowerSGD's prefix energies and samples, QSGD's
+    # variance terms, Top-k's sampled residuals) stay on the device and are read in one transfer beside STATS
+    "auto_powersgd": STATS + 1, "auto_qsgd": STATS + 1, "auto_topk": STATS + 1,
 }
 
 __all__ = ["SyncCounter", "ALWAYS", "HOST_ONLY", "BUDGET", "STATS"]

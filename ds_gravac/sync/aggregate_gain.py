@@ -32,7 +32,6 @@ receives it one step late, agreed like every other statistic.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -42,6 +41,7 @@ from ..compress.base import Compressor, stable_hash
 from ..config import GravacConfig
 from ..errors import GravacConfigError
 from ..telemetry.stats import MAX_PROBES
+from .host_values import all_finite, fill_where, positions_within, to_list
 
 if TYPE_CHECKING:
     from .buckets import Bucket, BucketPlan
@@ -103,7 +103,9 @@ class AggregateGain:
     def __init__(self, comp: Compressor, planner: "Planner", seed: int, world_size: int,
                  samples: Optional[int] = None, groups: Optional[GroupSpec] = None) -> None:
         self.comp, self.planner, self.seed, self.world_size = comp, planner, seed, world_size
-        compressible = sum(m.numel for m in planner.members if m.compressible)
+        members = [m for m in planner.members if m.compressible]
+        compressible = sum(m.numel for m in members)
+        self.device = members[0].param.device if members else torch.device("cpu")
         self.samples = max(1, min(int(samples if samples is not None else SAMPLES), compressible))
         self.spec = groups
         self.group_width = groups.width if groups is not None else 0
@@ -115,6 +117,7 @@ class AggregateGain:
         self._report = self._empty()                # what the next statistics vector carries
         self._levels: dict[int, tuple[float, ...]] = {}   # step → its probe levels (agreed: from the plan)
         self._scale = 1.0
+        self._pending: Optional[dict[str, Any]] = None   # the last finite step's values, still on the device
 
     def _empty(self) -> torch.Tensor:
         out = torch.zeros(self.width, dtype=torch.float64)
@@ -143,11 +146,12 @@ class AggregateGain:
         self._count = int(idx.numel())
         self._where: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         for b, s in self._starts.items():
-            pos = ((idx >= s) & (idx < s + self._plan.buckets[b].numel)).nonzero().view(-1)
+            pos = positions_within(idx, s, s + self._plan.buckets[b].numel)
             self._where[b] = (pos, idx[pos] - s)
-        self._x = torch.zeros(self.samples, dtype=torch.float64)
-        self._applied = 0.0
-        self._nums = [0.0] * len(self.probes)
+        # device values, read once with the next step's statistics (no host read per bucket or member)
+        self._x = torch.zeros(self.samples, dtype=torch.float64, device=self.device)
+        self._applied = torch.zeros((), dtype=torch.float64, device=self.device)
+        self._nums = torch.zeros(len(self.probes), dtype=torch.float64, device=self.device)
         self._valid = [True] * len(self.probes)
         if self.spec is not None:
             self._begin_groups()
@@ -162,87 +166,104 @@ class AggregateGain:
             ids = torch.tensor([spec.members.get(m.name, -1) for m in members], dtype=torch.int64)
             if pos.numel():
                 self._groups[pos] = ids[torch.searchsorted(starts, off, right=True) - 1]
-        self._g_applied = [0.0] * spec.count
-        self._g_prefix = [[0.0] * len(spec.ranks) for _ in range(spec.count)]
+        self._g_terms = torch.zeros(spec.count, 1 + len(spec.ranks), dtype=torch.float64, device=self.device)
         self._g_valid = [[True] * len(spec.ranks) for _ in range(spec.count)]
 
     def stage(self, b: int, flat_x: torch.Tensor) -> None:
         """The bucket's compensated input, before anything is sent: keep it at the sample coordinates."""
         pos, off = self._where[b]
         if pos.numel():
-            self._x[pos] = flat_x[off.to(flat_x.device)].double().cpu()
+            self._x[pos.to(self.device)] = flat_x[off.to(flat_x.device)].double()
 
     def bucket_done(self, bucket: "Bucket", flat: torch.Tensor, compressed: bool) -> None:
         """After the bucket's aggregate was decoded and committed (component energies recorded)."""
         if not bucket.compressible:
-            e = float(torch.dot(flat.double(), flat.double())) if flat.numel() else 0.0
-            self._applied += e
-            self._nums = [n + e for n in self._nums]
+            if flat.numel():
+                f = flat.double()
+                e = torch.dot(f, f).to(self.device)
+                self._applied += e
+                self._nums += e
             return
         pos, off = self._where[bucket.index]
         if pos.numel():
-            self._x[pos] -= flat[off.to(flat.device)].double().cpu()       # x_w − G at the sample coordinates
+            self._x[pos.to(self.device)] -= flat[off.to(flat.device)].double()   # x_w − G at the sample coordinates
         ctxs = self.planner.ctxs[bucket.index]
         for m, ctx in zip(bucket.members, ctxs):
             seg = flat[m.offset:m.offset + m.numel].double()
-            e = float(torch.dot(seg, seg))
+            e = torch.dot(seg, seg).to(self.device)
             self._applied += e
             energies = self.comp.component_energies(ctx)
-            cum = None if energies is None else [0.0] + torch.cumsum(energies, 0).tolist()
+            cum = None if energies is None else torch.cat([torch.zeros(1, dtype=torch.float64, device=self.device),
+                                                            torch.cumsum(energies, 0).double().to(self.device)])
             if self.spec is not None:
                 self._group_member(m.name, e, cum)
             for j, p in enumerate(self.probes):
                 rank = int(self.comp.tensor_plan(ctx.shape, self.comp.member_level(
                     ctx, self.planner.level(p, self.step))).get("rank") or 0)
                 if rank == 0:                   # plain at this level: the exact mean, if that is what we hold
-                    ok = not compressed or energies is None
-                    val = e
+                    self._valid[j] = self._valid[j] and (not compressed or energies is None)
+                    self._nums[j] += e
+                elif cum is not None and rank < cum.numel():
+                    self._nums[j] += cum[rank]
                 else:
-                    ok = cum is not None and rank < len(cum)
-                    val = cum[rank] if ok else 0.0
-                self._valid[j] = self._valid[j] and ok
-                self._nums[j] += val
+                    self._valid[j] = False
 
-    def _group_member(self, name: str, energy: float, cum: Optional[list[float]]) -> None:
+    def _group_member(self, name: str, energy: torch.Tensor, cum: Optional[torch.Tensor]) -> None:
         g = self.spec.members.get(name, -1)
         if g < 0:
             return
-        self._g_applied[g] += energy
+        self._g_terms[g, 0] += energy
         for j, r in enumerate(self.spec.ranks):
-            ok = cum is not None and r < len(cum)
-            self._g_valid[g][j] = self._g_valid[g][j] and ok
-            self._g_prefix[g][j] += cum[r] if ok else 0.0
-
-    def _group_tail(self) -> list[float]:
-        out: list[float] = []
-        for g in range(self.spec.count):
-            out.append(self._g_applied[g])
-            out += [v if ok else -1.0 for v, ok in zip(self._g_prefix[g], self._g_valid[g])]
-        return out
+            if cum is not None and r < cum.numel():
+                self._g_terms[g, 1 + j] += cum[r]
+            else:
+                self._g_valid[g][j] = False
 
     def end_step(self, finite: bool) -> None:
-        """The step's measurement becomes what the next statistics vector carries (nothing if not finite)."""
-        out = self._empty()
-        if finite and all(math.isfinite(v) for v in [self._applied, *self._nums]):
-            out[0], out[1] = float(self.step), self._applied
-            for j, (v, ok) in enumerate(zip(self._nums[:MAX_PROBES], self._valid)):
-                out[2 + j] = v if ok else -1.0
-            x = self._x[:self._count]
-            out[HEAD:HEAD + self._count] = torch.where(torch.isfinite(x), x, torch.zeros_like(x))
-            self._levels = {self.step: self.probes}
-            self._scale = self._total / max(1, self._count)
+        """The step's measurement becomes what the next statistics vector carries (nothing if not finite); its
+        values stay on the device until then."""
+        self._report, self._pending = self._empty(), None
+        if finite:
+            values = [self._applied.reshape(1), self._nums[:MAX_PROBES], self._x[:self._count]]
             if self.spec is not None:
-                tail = torch.tensor(self._group_tail(), dtype=torch.float64)
-                if bool(torch.isfinite(tail).all()):
-                    out[HEAD + self.samples:] = tail
-                    self._sample_groups = self._groups.clone()
-                else:
-                    out = self._empty()
-        self._report = out
+                values.append(self._g_terms.reshape(-1))
+            self._pending = {"values": torch.cat(values), "step": self.step, "probes": self.probes,
+                             "valid": list(self._valid), "count": self._count,
+                             "scale": self._total / max(1, self._count),
+                             "g_valid": [list(v) for v in self._g_valid] if self.spec is not None else None,
+                             "groups": self._groups.clone() if self.spec is not None else None}
+
+    def _materialize(self, p: dict[str, Any]) -> torch.Tensor:
+        """The report of a finished step, from its device values read in one transfer: −1 where a level was not
+        measured, empty if a sum is not finite; the samples' non-finite values count as 0."""
+        out = self._empty()
+        vals = p["values"].cpu()
+        probes, count = len(p["probes"][:MAX_PROBES]), p["count"]
+        head = vals[:1 + probes]
+        if not all_finite(head):
+            return out
+        out[0], out[1] = float(p["step"]), head[0]
+        for j, ok in enumerate(p["valid"][:probes]):
+            out[2 + j] = head[1 + j] if ok else -1.0
+        x = vals[1 + probes:1 + probes + count]
+        out[HEAD:HEAD + count] = torch.where(torch.isfinite(x), x, torch.zeros_like(x))
+        self._levels = {p["step"]: p["probes"]}
+        self._scale = p["scale"]
+        if self.spec is not None:
+            terms = vals[1 + probes + count:].view(self.spec.count, 1 + len(self.spec.ranks)).clone()
+            fill_where(terms[:, 1:], ~torch.tensor(p["g_valid"], dtype=torch.bool), -1.0)
+            if not all_finite(terms):
+                return self._empty()
+            out[HEAD + self.samples:] = terms.reshape(-1)
+            self._sample_groups = p["groups"]
+        return out
 
     # ---- the exchange -----------------------------------------------------------------------------------
     def tail(self) -> torch.Tensor:
-        """The previous step's measurement, appended to this step's statistics vector."""
+        """The previous step's measurement, appended to this step's statistics vector (read from the device here,
+        right after the statistics read)."""
+        if self._pending is not None:
+            self._report, self._pending = self._materialize(self._pending), None
         return self._report
 
     def agreed(self, tails: list[list[float]]) -> Optional[AggregateSample]:
@@ -271,7 +292,7 @@ class AggregateGain:
         """Rank 0's exact per-group terms; each group's sampled remainder from its coordinates' squares."""
         spec = self.spec
         left = [0.0] * spec.count
-        for v, g in zip(squares, self._sample_groups.tolist()):
+        for v, g in zip(squares, to_list(self._sample_groups)):
             if g >= 0:
                 left[g] += v
         terms, width, out = head[HEAD + self.samples:], 1 + len(spec.ranks), []
@@ -284,10 +305,11 @@ class AggregateGain:
     # ---- checkpoints ------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The measurement still to be sent (it belongs to the last step before the checkpoint)."""
-        return {"report": self._report.clone(), "levels": dict(self._levels), "scale": self._scale,
+        return {"report": self.tail().clone(), "levels": dict(self._levels), "scale": self._scale,
                 "sample_groups": self._sample_groups.clone()}
 
     def load_state_dict(self, state: Optional[dict[str, Any]]) -> None:
+        self._pending = None
         if not state or tuple(state["report"].shape) != (self.width,):
             self._report, self._levels = self._empty(), {}       # another sample count: start without one
             return

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 
 from ..compress.base import stable_hash
+from .host_values import all_finite
 from .server_memory import partition_size
 
 if TYPE_CHECKING:
@@ -84,7 +85,7 @@ def block_variance(x: torch.Tensor, s: torch.Tensor, block: int, rows: Optional[
     flat = x.detach().reshape(-1).to(F64)
     total = -(-flat.numel() // block)
     if total == 0:
-        return torch.zeros(s.numel(), dtype=F64)
+        return torch.zeros(s.numel(), dtype=F64, device=x.device)
     mat = torch.nn.functional.pad(flat, (0, total * block - flat.numel())).view(total, block)
     if rows is not None:
         mat = mat.index_select(0, rows)
@@ -105,9 +106,13 @@ class QuantVariance:
         self.planner, self.spec, self.seed, self.world_size = planner, spec, seed, world_size
         self.levels = len(spec.s)
         self.width = 1 + spec.width            # step, then per group: ‖Q̄_g‖² and one term per level
-        self._s = torch.tensor([float(v) for v in spec.s], dtype=F64)
+        members = [m for m in planner.members if m.compressible]
+        self.device = members[0].param.device if members else torch.device("cpu")
+        self._s = torch.tensor([float(v) for v in spec.s], dtype=F64, device=self.device)
         self._sent: dict[int, tuple[int, ...]] = {}       # step → per group the sent level's index (−1: dense)
         self._report = self._empty()
+        self._pending: Optional[torch.Tensor] = None      # the last step's row, still on the device ...
+        self._pending_step = -1                           # ... and its step
 
     def _empty(self) -> torch.Tensor:
         out = torch.zeros(self.width, dtype=F64)
@@ -121,8 +126,8 @@ class QuantVariance:
     def begin(self, step: int, plan: "StepPlan") -> None:
         """The step's accumulators, and the level each group is sent at (from the plan: agreed)."""
         self.step = int(step)
-        self._applied = [0.0] * self.spec.count
-        self._terms = torch.zeros(self.spec.count, self.levels, dtype=F64)
+        # per group ‖Q̄_g‖², then its variance terms: device values, read once with the next step's statistics
+        self._row = torch.zeros(self.spec.count, 1 + self.levels, dtype=F64, device=self.device)
         sent = [-1] * self.spec.count
         for bucket, action in zip(self.planner.plan.buckets, plan.actions):
             g = self._group(bucket) if bucket.compressible else -1
@@ -147,29 +152,34 @@ class QuantVariance:
                 continue
             rows = None
             if per_part > BLOCKS:
-                rows = torch.randperm(per_part, generator=gen)[:BLOCKS]
+                rows = torch.randperm(per_part, generator=gen)[:BLOCKS].to(part.device)
             # a partition's blocks start at its own offset 0 (the codec encodes each partition on its own)
-            self._terms[g] += block_variance(part.cpu(), self._s, block, rows)
+            self._row[g, 1:] += block_variance(part, self._s, block, rows)
 
     def bucket_done(self, bucket: "Bucket", flat: torch.Tensor, compressed: bool) -> None:
         """After the bucket's average was decoded: its energy ``‖Q̄‖²``."""
         g = self._group(bucket) if bucket.compressible else -1
         if g >= 0:
             f = flat.double()
-            self._applied[g] += float(torch.dot(f, f))
+            self._row[g, 0] += torch.dot(f, f)
 
     def end_step(self, finite: bool) -> None:
-        """The step's measurement becomes what the next statistics vector carries (nothing if not finite)."""
-        out = self._empty()
-        row = torch.cat([torch.tensor(self._applied, dtype=F64).view(-1, 1), self._terms], dim=1).reshape(-1)
-        if finite and bool(torch.isfinite(row).all()):
-            out[0] = float(self.step)
-            out[1:] = row
+        """The step's measurement becomes what the next statistics vector carries (nothing if not finite); it
+        stays on the device until then."""
+        self._report, self._pending = self._empty(), None
+        if finite:
+            self._pending, self._pending_step = self._row.reshape(-1), self.step
             self._sent = {self.step: self._step_sent}
-        self._report = out
 
     # ---- the exchange -----------------------------------------------------------------------------------
     def tail(self) -> torch.Tensor:
+        """The last finite step's row, read from the device here (one transfer, right after the statistics
+        read); a non-finite term sends nothing."""
+        if self._pending is not None:
+            row = self._pending.cpu()
+            self._pending = None
+            if all_finite(row):
+                self._report = torch.cat([torch.tensor([float(self._pending_step)], dtype=F64), row])
         return self._report
 
     def agreed(self, tails: list[list[float]]) -> Optional[VarianceSample]:
@@ -196,9 +206,10 @@ class QuantVariance:
     # ---- checkpoints ------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The measurement still to be sent (it belongs to the last step before the checkpoint)."""
-        return {"report": self._report.clone(), "sent": {k: list(v) for k, v in self._sent.items()}}
+        return {"report": self.tail().clone(), "sent": {k: list(v) for k, v in self._sent.items()}}
 
     def load_state_dict(self, state: Optional[dict[str, Any]]) -> None:
+        self._pending = None
         if not state or "sent" not in state or tuple(state["report"].shape) != (self.width,):
             self._report, self._sent = self._empty(), {}
             return

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 
 from ..compress.base import k_for, stable_hash
+from .host_values import all_finite, positions_within, to_list
 
 if TYPE_CHECKING:
     from .planner import Planner
@@ -64,19 +65,17 @@ class UnsentSample:
     groups: tuple[UnsentSignal, ...]
 
 
-def thresholds(x: torch.Tensor, cfs: tuple[float, ...], gen: torch.Generator) -> list[float]:
-    """Per CF the magnitude a value must reach to be among the tensor's top ``k(θ, n)``."""
+def thresholds(x: torch.Tensor, cfs: tuple[float, ...], gen: torch.Generator) -> torch.Tensor:
+    """Per CF the magnitude a value must reach to be among the tensor's top ``k(θ, n)`` (float64, on x's device:
+    nothing is read on the host)."""
     mags = x.detach().reshape(-1).abs().to(F64)
     n = mags.numel()
     if n > THRESHOLD_SAMPLE:
         mags = mags[torch.randint(n, (THRESHOLD_SAMPLE,), generator=gen).to(mags.device)]
-    ordered = torch.sort(mags, descending=True).values.cpu()
+    ordered = torch.sort(mags, descending=True).values
     m = ordered.numel()
-    out = []
-    for cf in cfs:
-        rank = k_for(cf, n) if m == n else max(1, min(m, round(k_for(cf, n) * m / n)))
-        out.append(float(ordered[rank - 1]))
-    return out
+    ranks = [k_for(cf, n) if m == n else max(1, min(m, round(k_for(cf, n) * m / n))) for cf in cfs]
+    return ordered[torch.tensor(ranks, dtype=torch.int64).to(ordered.device) - 1]
 
 
 class SparseUnsent:
@@ -86,11 +85,14 @@ class SparseUnsent:
     def __init__(self, planner: "Planner", spec: UnsentSpec, seed: int, world_size: int,
                  samples: int = SAMPLES) -> None:
         self.planner, self.spec, self.seed, self.world_size = planner, spec, seed, world_size
-        total = sum(m.numel for m in planner.members if m.compressible)
+        members = [m for m in planner.members if m.compressible]
+        total = sum(m.numel for m in members)
+        self.device = members[0].param.device if members else torch.device("cpu")
         self.samples = max(1, min(int(samples), total))
         self.levels = len(spec.cfs)
         self.width = 1 + self.samples * (1 + self.levels)
         self._report = self._empty()
+        self._pending: Optional[tuple[torch.Tensor, int]] = None     # the last step's values, still on the device
         self._meta: dict[int, tuple[torch.Tensor, float]] = {}     # step → (group of each sample, scale)
 
     def _empty(self) -> torch.Tensor:
@@ -118,14 +120,14 @@ class SparseUnsent:
         self._groups = torch.full((self.samples,), -1, dtype=torch.int64)
         for b, s in starts.items():
             bucket = self.planner.plan.buckets[b]
-            pos = ((idx >= s) & (idx < s + bucket.numel)).nonzero().view(-1)
+            pos = positions_within(idx, s, s + bucket.numel)
             if pos.numel():
                 self._where[b] = (pos, idx[pos] - s)
                 member_starts = torch.tensor([m.offset for m in bucket.members], dtype=torch.int64)
                 which = torch.searchsorted(member_starts, idx[pos] - s, right=True) - 1
                 ids = torch.tensor([self.spec.members.get(m.name, -1) for m in bucket.members], dtype=torch.int64)
                 self._groups[pos] = ids[which]
-        self._vals = torch.zeros(self.samples, 1 + self.levels, dtype=F64)
+        self._vals = torch.zeros(self.samples, 1 + self.levels, dtype=F64, device=self.device)
 
     def stage(self, b: int, flat_x: torch.Tensor) -> None:
         """The bucket's compensated input, before anything is sent: values and level residuals at the samples."""
@@ -136,31 +138,37 @@ class SparseUnsent:
         bucket = self.planner.plan.buckets[b]
         gen = torch.Generator().manual_seed(stable_hash(f"sparse-thresholds:{self.seed}:{self.step}:{b}")
                                             & (2**62 - 1))
-        values = flat_x[off.to(flat_x.device)].detach().to(F64).cpu()
+        values = flat_x[off.to(flat_x.device)].detach().to(F64)
         for m in bucket.members:
-            inside = (off >= m.offset) & (off < m.offset + m.numel)
-            if not bool(inside.any()):
+            inside = positions_within(off, m.offset, m.offset + m.numel)
+            if not inside.numel():
                 continue
             taus = thresholds(flat_x[m.offset:m.offset + m.numel], self.spec.cfs, gen)
-            v = values[inside]
-            rows = pos[inside]
-            self._vals[rows, 0] = v
-            for j, tau in enumerate(taus):
-                self._vals[rows, 1 + j] = torch.where(v.abs() < tau, v, torch.zeros_like(v))
+            v = values[inside.to(values.device)]
+            rows = pos[inside].to(self._vals.device)
+            kept = v.abs().unsqueeze(1) < taus.unsqueeze(0)                      # samples × levels
+            self._vals[rows] = torch.cat([v.unsqueeze(1), torch.where(kept, v.unsqueeze(1), 0.0)], dim=1)
 
     def bucket_done(self, bucket: Any, flat: torch.Tensor, compressed: bool) -> None:
         """Nothing: everything was taken from the input."""
 
     def end_step(self, finite: bool) -> None:
-        out = self._empty()
-        if finite and bool(torch.isfinite(self._vals).all()):
-            out[0] = float(self.step)
-            out[1:] = self._vals.reshape(-1)
+        """The step's samples become what the next statistics vector carries (nothing if not finite); they stay
+        on the device until then."""
+        self._report, self._pending = self._empty(), None
+        if finite:
+            self._pending = (self._vals.reshape(-1), self.step)
             self._meta = {self.step: (self._groups.clone(), self._total / max(1, self._count))}
-        self._report = out
 
     # ---- the exchange -----------------------------------------------------------------------------------
     def tail(self) -> torch.Tensor:
+        """The last finite step's samples, read from the device here (one transfer, right after the statistics
+        read); a non-finite value sends nothing."""
+        if self._pending is not None:
+            (vals, step), self._pending = self._pending, None
+            row = vals.cpu()
+            if all_finite(row):
+                self._report = torch.cat([torch.tensor([float(step)], dtype=F64), row])
         return self._report
 
     def agreed(self, tails: list[list[float]]) -> Optional[UnsentSample]:
@@ -175,9 +183,9 @@ class SparseUnsent:
         mean = rows[0].clone()
         for row in rows[1:]:                   # rank order, element-wise: the same bits on every rank
             mean += row
-        squares = (mean / float(self.world_size)).square().tolist()
+        squares = to_list((mean / float(self.world_size)).square())
         sums = [[0.0] * width for _ in range(self.spec.count)]
-        for g, sq in zip(groups.tolist(), squares):
+        for g, sq in zip(to_list(groups), squares):
             if g >= 0:
                 acc = sums[g]
                 for j in range(width):
@@ -187,10 +195,11 @@ class SparseUnsent:
 
     # ---- checkpoints ------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"report": self._report.clone(),
+        return {"report": self.tail().clone(),
                 "meta": {k: (g.clone(), float(s)) for k, (g, s) in self._meta.items()}}
 
     def load_state_dict(self, state: Optional[dict[str, Any]]) -> None:
+        self._pending = None
         if not state or "meta" not in state or tuple(state["report"].shape) != (self.width,):
             self._report, self._meta = self._empty(), {}
             return

@@ -22,7 +22,7 @@ from ds_gravac.telemetry.stats import AgreedStats
 
 def test_thresholds_are_the_kth_largest_magnitude_of_a_small_tensor() -> None:
     x = torch.randn(3000, generator=torch.Generator().manual_seed(0))
-    got = thresholds(x, SPARSE_CFS, torch.Generator().manual_seed(1))
+    got = thresholds(x, SPARSE_CFS, torch.Generator().manual_seed(1)).tolist()
     for cf, tau in zip(SPARSE_CFS, got):
         k = k_for(cf, x.numel())
         assert tau == float(x.abs().double().topk(k).values[-1]), cf
@@ -32,7 +32,7 @@ def test_thresholds_are_the_kth_largest_magnitude_of_a_small_tensor() -> None:
 def test_thresholds_of_a_large_tensor_are_close_quantiles() -> None:
     n = 40 * THRESHOLD_SAMPLE
     x = torch.randn(n, generator=torch.Generator().manual_seed(0))
-    got = thresholds(x, SPARSE_CFS, torch.Generator().manual_seed(1))
+    got = thresholds(x, SPARSE_CFS, torch.Generator().manual_seed(1)).tolist()
     for cf, tau in zip(SPARSE_CFS, got):
         kept = int((x.abs() >= tau).sum())
         assert kept == pytest.approx(k_for(cf, n), rel=0.25), cf       # a 4,096-value sample's quantile

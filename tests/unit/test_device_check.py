@@ -30,6 +30,7 @@ def test_device_check_cpu_tiny(tmp_path) -> None:
         assert t["branch"] == "cand", name                           # really compressed on two ranks
     assert set(report["train_1rank"]) == {"dense", "cast", "sparsifier", "lowrank", "quantizer", "controller"}
     assert all(t["passed"] and "error" not in t for t in report["train_1rank"].values()), report["train_1rank"]
-    assert set(report["modes"]) == {"dense", "gravac"} and all(m["passed"] for m in report["modes"].values())
-    assert report["modes"]["gravac"]["branch"] != "dense"
+    assert set(report["modes"]) == {"dense", "gravac", "auto_powersgd", "auto_qsgd", "auto_topk"}
+    assert all(m["passed"] for m in report["modes"].values())
+    assert all(report["modes"][m]["branch"] != "dense" for m in ("gravac", "auto_powersgd", "auto_qsgd", "auto_topk"))
     assert report["passed"]

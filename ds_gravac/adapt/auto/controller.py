@@ -40,6 +40,7 @@ from ...compress.kinds import PLAIN, REPROJECT
 from ...compress.qsgd import LEVELS_FOR_CF
 from ...sync.aggregate_gain import GroupSpec
 from ...sync.cost_model.fits import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, FitTable, LinearFit
+from ...sync.host_values import to_list
 from ...sync.quant_variance import VarianceSpec
 from ...sync.sparse_unsent import UnsentSpec
 from ...decision import StepDecision
@@ -266,7 +267,7 @@ class AutoController(Controller):
 
     def accept(self, step: int, proposal: torch.Tensor) -> set[str]:
         """Every rank: adopt rank 0's codes and phase, fold the interval's signals, record the prediction."""
-        values = [int(v) for v in proposal.reshape(-1).tolist()]
+        values = [int(v) for v in to_list(proposal.reshape(-1))]      # from the control channel: host
         codes, tight = values[:-1], bool(values[-1]) if values else True
         if len(codes) != len(self.groups) or any(not 0 <= c < len(g.ladder) for c, g in zip(codes, self.groups)):
             raise GravacConfigError(f"ds_gravac: auto proposal {values} does not fit the {len(self.groups)} groups")
