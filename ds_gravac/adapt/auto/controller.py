@@ -1,20 +1,27 @@
-"""``mode: "auto"``: one low-rank level per layer group, re-planned every ``interval_steps`` under an error budget.
+"""``mode: "auto"``: one level per layer group — a PowerSGD rank, QSGD's bits or Top-k's CF, the family of the
+configured compressor — re-planned every ``interval_steps`` under an error budget.
 
-* **Groups** (``ladder.build_groups`` over the compressed tensors, family low rank): one per matrix shape class,
-  the classifier alone; groups below ``pin_below_numel`` values and the classifier keep dense or ranks ≥ 16.
-* **Levels of a tensor**: a group's code indexes its ladder; a rank rung is the tensor's rank, the dense rung is a
-  rank no matrix can pay for (:data:`PLAIN`), which the low-rank compressors send *plain* — its values, summed in
-  the same all-reduce, and its error memory cleared. A step whose groups are all dense is a dense step (the warm
-  start then follows the exact average and every ladder rank is measured).
+* **Groups** (``ladder.build_groups`` over the compressed tensors, the compressor's family): one per matrix shape
+  class, the classifier alone; groups below ``pin_below_numel`` values and the classifier keep dense or the
+  family's reference level and above (rank ≥ 16, 8 bits, CF ≤ 30). Under QSGD and Top-k no bucket mixes groups.
+* **Levels of a tensor**: a group's code indexes its ladder; a rank rung is the tensor's rank (bits b: CF 32/b;
+  a Top-k rung: its CF), the dense rung is a level no tensor can pay for (:data:`PLAIN`), which the low-rank
+  compressors send *plain* — its values, summed in the same all-reduce, and its error memory cleared — and the
+  planner sends as a dense bucket otherwise. A step whose groups are all dense is a dense step (the warm start
+  then follows the exact average and every ladder rank is measured).
+* **Error signals**: unsent energy of the averaged update (low rank: ``sync/aggregate_gain.py``; Top-k:
+  ``sync/sparse_unsent.py``) or QSGD's added variance (``sync/quant_variance.py``), agreed, per group and level.
 * **Re-projection before a raise**: a group whose new code raises its rank (from a lower rank, or from dense,
   whose factors a plain step does not move) travels plain for the decision's step at :data:`REPROJECT` — its
   warm start takes one power iteration on the exact average and every rank of it is measured — and at the new
   rank from the next step on.
 * **Decision** at steps ``start + k·I``: rank 0 prices every rung (``timing.Pricer`` over the agreed fits of the
   link timed at attach, ``timing.measure_link``, or the nominal link of ``auto.link_gbit_s``), takes every
-  rung's unsent energy from the agreed per-group signals (``signals.GroupErrors``), and solves the knapsack with
-  hysteresis (``solver.Hysteresis``) under ``β·error(reference)``, the reference being rank 16 on every group. It
-  broadcasts one int64 code per group plus the phase; every rank maps codes to per-tensor levels identically.
+  rung's error from the agreed per-group signals (``signals.GroupErrors``, ``signals.GroupLevelErrors``), and
+  solves the knapsack with hysteresis (``solver.Hysteresis``) under ``β·error(reference)``, the reference being
+  the family's validated level on every group (rank 16, 8 bits, CF 30; over QSGD, while quiet, at least the
+  variance ``auto.efficiency_floor`` allows). It broadcasts one int64 code per group plus the phase; every rank
+  maps codes to per-tensor levels identically.
 * **Phases**: the budget is ``budget_tight`` for decisions within ``tight_steps`` of the start, of a drop of
   the agreed learning rate (a step-to-step decrease by at least ``lr_drop`` of it) and of a decision at which
   Accordion's norm-change rule fired on some group (``detector_eta``), ``budget_quiet`` otherwise.
