@@ -42,6 +42,7 @@ from ..config import GravacConfig
 from ..errors import GravacConfigError
 from ..telemetry.stats import MAX_PROBES
 from .host_values import all_finite, fill_where, positions_within, to_list
+from .streams import to_device
 
 if TYPE_CHECKING:
     from .buckets import Bucket, BucketPlan
@@ -148,6 +149,8 @@ class AggregateGain:
         for b, s in self._starts.items():
             pos = positions_within(idx, s, s + self._plan.buckets[b].numel)
             self._where[b] = (pos, idx[pos] - s)
+        moved = iter(to_device([t for pair in self._where.values() for t in pair], self.device))
+        self._where_dev = {b: (next(moved), next(moved)) for b in self._where}      # one transfer, no wait
         # device values, read once with the next step's statistics (no host read per bucket or member)
         self._x = torch.zeros(self.samples, dtype=torch.float64, device=self.device)
         self._applied = torch.zeros((), dtype=torch.float64, device=self.device)
@@ -171,9 +174,9 @@ class AggregateGain:
 
     def stage(self, b: int, flat_x: torch.Tensor) -> None:
         """The bucket's compensated input, before anything is sent: keep it at the sample coordinates."""
-        pos, off = self._where[b]
+        pos, off = self._where_dev[b]
         if pos.numel():
-            self._x[pos.to(self.device)] = flat_x[off.to(flat_x.device)].double()
+            self._x[pos] = flat_x[off].double()
 
     def bucket_done(self, bucket: "Bucket", flat: torch.Tensor, compressed: bool) -> None:
         """After the bucket's aggregate was decoded and committed (component energies recorded)."""
@@ -184,9 +187,9 @@ class AggregateGain:
                 self._applied += e
                 self._nums += e
             return
-        pos, off = self._where[bucket.index]
+        pos, off = self._where_dev[bucket.index]
         if pos.numel():
-            self._x[pos.to(self.device)] -= flat[off.to(flat.device)].double()   # x_w − G at the sample coordinates
+            self._x[pos] -= flat[off].double()       # x_w − G at the sample coordinates
         ctxs = self.planner.ctxs[bucket.index]
         for m, ctx in zip(bucket.members, ctxs):
             seg = flat[m.offset:m.offset + m.numel].double()
@@ -271,7 +274,7 @@ class AggregateGain:
         head = tails[0]
         step = int(head[0])
         levels = self._levels.get(step)
-        if step < 0 or levels is None:
+        if step < 0 or levels is None or any(int(row[0]) != step for row in tails):
             return None
         n = self.world_size
         squares = []                                  # (x̄ − G)² at every sample coordinate

@@ -54,7 +54,7 @@ class VarianceSpec:
 
     @property
     def width(self) -> int:
-        return self.count * (1 + len(self.s))
+        return self.count * (2 + len(self.s))      # ‖Q̄_g‖², one term per level, the terms of the levels sent
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ def block_variance(x: torch.Tensor, s: torch.Tensor, block: int, rows: Optional[
         return torch.zeros(s.numel(), dtype=F64, device=x.device)
     mat = torch.nn.functional.pad(flat, (0, total * block - flat.numel())).view(total, block)
     if rows is not None:
-        mat = mat.index_select(0, rows)
+        mat = mat.index_select(0, rows.to(mat.device))
     nu = torch.linalg.vector_norm(mat, dim=1, keepdim=True)
     unit = mat / torch.where(nu > 0, nu, torch.ones_like(nu))          # x/ν, in [−1, 1]
     v = unit.unsqueeze(0) * s.view(-1, 1, 1)                           # levels × blocks × B
@@ -105,11 +105,10 @@ class QuantVariance:
     def __init__(self, planner: "Planner", spec: VarianceSpec, seed: int, world_size: int) -> None:
         self.planner, self.spec, self.seed, self.world_size = planner, spec, seed, world_size
         self.levels = len(spec.s)
-        self.width = 1 + spec.width            # step, then per group: ‖Q̄_g‖² and one term per level
+        self.width = 1 + spec.width            # step, then per group: ‖Q̄_g‖², one term per level, the sent terms
         members = [m for m in planner.members if m.compressible]
         self.device = members[0].param.device if members else torch.device("cpu")
         self._s = torch.tensor([float(v) for v in spec.s], dtype=F64, device=self.device)
-        self._sent: dict[int, tuple[int, ...]] = {}       # step → per group the sent level's index (−1: dense)
         self._report = self._empty()
         self._pending: Optional[torch.Tensor] = None      # the last step's row, still on the device ...
         self._pending_step = -1                           # ... and its step
@@ -124,17 +123,15 @@ class QuantVariance:
 
     # ---- during the step ------------------------------------------------------------------------------
     def begin(self, step: int, plan: "StepPlan") -> None:
-        """The step's accumulators, and the level each group is sent at (from the plan: agreed)."""
+        """The step's accumulators, and the level each bucket is sent at (from the plan: agreed; −1 dense)."""
         self.step = int(step)
-        # per group ‖Q̄_g‖², then its variance terms: device values, read once with the next step's statistics
-        self._row = torch.zeros(self.spec.count, 1 + self.levels, dtype=F64, device=self.device)
-        sent = [-1] * self.spec.count
+        # per group ‖Q̄_g‖², its variance terms, and the terms of the levels its buckets were sent at: device
+        # values, read once with the next step's statistics
+        self._row = torch.zeros(self.spec.count, 2 + self.levels, dtype=F64, device=self.device)
+        self._bucket_sent: dict[int, int] = {}
         for bucket, action in zip(self.planner.plan.buckets, plan.actions):
-            g = self._group(bucket) if bucket.compressible else -1
-            if g >= 0 and action.compressed and action.levels:
-                cf = float(min(action.levels))
-                sent[g] = self.spec.cfs.index(cf) if cf in self.spec.cfs else -1
-        self._step_sent = tuple(sent)
+            cf = float(min(action.levels)) if action.compressed and action.levels else 0.0
+            self._bucket_sent[bucket.index] = self.spec.cfs.index(cf) if cf in self.spec.cfs else -1
 
     def stage(self, b: int, flat_x: torch.Tensor) -> None:
         """The bucket's compensated input, before anything is encoded: every level's variance terms."""
@@ -144,17 +141,23 @@ class QuantVariance:
             return
         n, block = bucket.numel, self.spec.block
         size = partition_size(n, self.world_size)
-        per_part = -(-size // block)
-        gen = torch.Generator().manual_seed(stable_hash(f"quant-variance:{self.seed}:{self.step}:{b}") & (2**62 - 1))
+        gen = torch.Generator(device=flat_x.device)
+        gen.manual_seed(stable_hash(f"quant-variance:{self.seed}:{self.step}:{b}") & (2**62 - 1))
+        terms = torch.zeros(self.levels, dtype=F64, device=self.device)
         for j in range(self.world_size):
             part = flat_x[j * size:min((j + 1) * size, n)]
-            if part.numel() == 0:
+            blocks = -(-part.numel() // block)     # the real partition's (the codec's zero padding adds nothing)
+            if blocks == 0:
                 continue
             rows = None
-            if per_part > BLOCKS:
-                rows = torch.randperm(per_part, generator=gen)[:BLOCKS].to(part.device)
+            if blocks > BLOCKS:
+                rows = torch.randperm(blocks, generator=gen, device=flat_x.device)[:BLOCKS]
             # a partition's blocks start at its own offset 0 (the codec encodes each partition on its own)
-            self._row[g, 1:] += block_variance(part, self._s, block, rows)
+            terms += block_variance(part, self._s, block, rows).to(self.device)
+        self._row[g, 1:1 + self.levels] += terms
+        sent = self._bucket_sent.get(b, -1)
+        if sent >= 0:
+            self._row[g, 1 + self.levels] += terms[sent]
 
     def bucket_done(self, bucket: "Bucket", flat: torch.Tensor, compressed: bool) -> None:
         """After the bucket's average was decoded: its energy ``‖Q̄‖²``."""
@@ -169,7 +172,6 @@ class QuantVariance:
         self._report, self._pending = self._empty(), None
         if finite:
             self._pending, self._pending_step = self._row.reshape(-1), self.step
-            self._sent = {self.step: self._step_sent}
 
     # ---- the exchange -----------------------------------------------------------------------------------
     def tail(self) -> torch.Tensor:
@@ -183,38 +185,34 @@ class QuantVariance:
         return self._report
 
     def agreed(self, tails: list[list[float]]) -> Optional[VarianceSample]:
-        """Rank 0's ``‖Q̄_g‖²``; the rank-order sums of the variance terms over ``N²``."""
-        head = tails[0]
-        step = int(head[0])
-        sent = self._sent.get(step)
-        if step < 0 or sent is None:
+        """Rank 0's ``‖Q̄_g‖²``; the rank-order sums of the variance terms over ``N²`` (nothing unless every rank
+        reported the same step)."""
+        step = int(tails[0][0])
+        if step < 0 or any(int(row[0]) != step for row in tails):
             return None
-        n2, width, out = float(self.world_size) ** 2, 1 + self.levels, []
+        n2, width, out = float(self.world_size) ** 2, 2 + self.levels, []
         for g in range(self.spec.count):
             base = 1 + g * width
-            variance = []
-            for j in range(self.levels):
+            sums = []
+            for j in range(1, width):
                 total = 0.0
                 for row in tails:
-                    total += row[base + 1 + j]
-                variance.append(total / n2)
-            applied = head[base]
-            lost = variance[sent[g]] if sent[g] >= 0 else 0.0
+                    total += row[base + j]
+                sums.append(total / n2)
+            variance, lost = sums[:-1], sums[-1]
+            applied = tails[0][base]
             out.append(VarianceSignal(energy=max(0.0, applied - lost), applied=applied, variance=tuple(variance)))
         return VarianceSample(step=step, groups=tuple(out))
 
     # ---- checkpoints ------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The measurement still to be sent (it belongs to the last step before the checkpoint)."""
-        return {"report": self.tail().clone(), "sent": {k: list(v) for k, v in self._sent.items()}}
+        return {"report": self.tail().clone()}
 
     def load_state_dict(self, state: Optional[dict[str, Any]]) -> None:
         self._pending = None
-        if not state or "sent" not in state or tuple(state["report"].shape) != (self.width,):
-            self._report, self._sent = self._empty(), {}
-            return
-        self._report = state["report"].clone()
-        self._sent = {int(k): tuple(int(v) for v in vs) for k, vs in state["sent"].items()}
+        ok = bool(state) and tuple(state["report"].shape) == (self.width,)
+        self._report = state["report"].clone() if ok else self._empty()
 
 
 __all__ = ["BLOCKS", "QuantVariance", "VarianceSample", "VarianceSignal", "VarianceSpec", "block_variance"]

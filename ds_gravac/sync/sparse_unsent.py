@@ -27,6 +27,7 @@ import torch
 
 from ..compress.base import k_for, stable_hash
 from .host_values import all_finite, positions_within, to_list
+from .streams import to_device
 
 if TYPE_CHECKING:
     from .planner import Planner
@@ -67,15 +68,16 @@ class UnsentSample:
 
 def thresholds(x: torch.Tensor, cfs: tuple[float, ...], gen: torch.Generator) -> torch.Tensor:
     """Per CF the magnitude a value must reach to be among the tensor's top ``k(θ, n)`` (float64, on x's device:
-    nothing is read on the host)."""
+    nothing is read on the host; ``gen`` a generator of that device). Values tied with it count as sent, so with
+    many ties the unsent energy reads low."""
     mags = x.detach().reshape(-1).abs().to(F64)
     n = mags.numel()
     if n > THRESHOLD_SAMPLE:
-        mags = mags[torch.randint(n, (THRESHOLD_SAMPLE,), generator=gen).to(mags.device)]
+        mags = mags[torch.randint(n, (THRESHOLD_SAMPLE,), generator=gen, device=mags.device)]
     ordered = torch.sort(mags, descending=True).values
     m = ordered.numel()
     ranks = [k_for(cf, n) if m == n else max(1, min(m, round(k_for(cf, n) * m / n))) for cf in cfs]
-    return ordered[torch.tensor(ranks, dtype=torch.int64).to(ordered.device) - 1]
+    return torch.stack([ordered[r - 1] for r in ranks])          # indexed by host ints: nothing is copied
 
 
 class SparseUnsent:
@@ -118,15 +120,28 @@ class SparseUnsent:
         self._count = int(idx.numel())
         self._where = {}
         self._groups = torch.full((self.samples,), -1, dtype=torch.int64)
+        host: list[torch.Tensor] = []            # every index tensor of the step, moved to the device at once
+        layout: dict[int, list[tuple[int, int, int]]] = {}      # bucket → (member, its slot pairs) / offsets slot
         for b, s in starts.items():
             bucket = self.planner.plan.buckets[b]
             pos = positions_within(idx, s, s + bucket.numel)
-            if pos.numel():
-                self._where[b] = (pos, idx[pos] - s)
-                member_starts = torch.tensor([m.offset for m in bucket.members], dtype=torch.int64)
-                which = torch.searchsorted(member_starts, idx[pos] - s, right=True) - 1
-                ids = torch.tensor([self.spec.members.get(m.name, -1) for m in bucket.members], dtype=torch.int64)
-                self._groups[pos] = ids[which]
+            if not pos.numel():
+                continue
+            off = idx[pos] - s
+            member_starts = torch.tensor([m.offset for m in bucket.members], dtype=torch.int64)
+            which = torch.searchsorted(member_starts, off, right=True) - 1
+            ids = torch.tensor([self.spec.members.get(m.name, -1) for m in bucket.members], dtype=torch.int64)
+            self._groups[pos] = ids[which]
+            layout[b] = [(-1, len(host), -1)]
+            host.append(off)
+            for i, m in enumerate(bucket.members):
+                inside = positions_within(off, m.offset, m.offset + m.numel)     # host: positions in ``off``
+                if inside.numel():
+                    layout[b].append((i, len(host), len(host) + 1))
+                    host += [inside, pos[inside]]
+        moved = to_device(host, self.device)
+        self._where = {b: (moved[slots[0][1]], [(i, moved[a], moved[r]) for i, a, r in slots[1:]])
+                       for b, slots in layout.items()}
         self._vals = torch.zeros(self.samples, 1 + self.levels, dtype=F64, device=self.device)
 
     def stage(self, b: int, flat_x: torch.Tensor) -> None:
@@ -134,18 +149,15 @@ class SparseUnsent:
         where = self._where.get(b)
         if where is None:
             return
-        pos, off = where
+        off, members = where
         bucket = self.planner.plan.buckets[b]
-        gen = torch.Generator().manual_seed(stable_hash(f"sparse-thresholds:{self.seed}:{self.step}:{b}")
-                                            & (2**62 - 1))
-        values = flat_x[off.to(flat_x.device)].detach().to(F64)
-        for m in bucket.members:
-            inside = positions_within(off, m.offset, m.offset + m.numel)
-            if not inside.numel():
-                continue
+        gen = torch.Generator(device=flat_x.device)
+        gen.manual_seed(stable_hash(f"sparse-thresholds:{self.seed}:{self.step}:{b}") & (2**62 - 1))
+        values = flat_x[off].detach().to(F64)
+        for i, inside, rows in members:
+            m = bucket.members[i]
             taus = thresholds(flat_x[m.offset:m.offset + m.numel], self.spec.cfs, gen)
-            v = values[inside.to(values.device)]
-            rows = pos[inside].to(self._vals.device)
+            v = values[inside]
             kept = v.abs().unsqueeze(1) < taus.unsqueeze(0)                      # samples × levels
             self._vals[rows] = torch.cat([v.unsqueeze(1), torch.where(kept, v.unsqueeze(1), 0.0)], dim=1)
 
@@ -172,10 +184,11 @@ class SparseUnsent:
         return self._report
 
     def agreed(self, tails: list[list[float]]) -> Optional[UnsentSample]:
-        """The rank-order means at every sample, squared and summed per group, scaled to the group's size."""
+        """The rank-order means at every sample, squared and summed per group, scaled to the group's size (nothing
+        unless every rank reported the same step)."""
         step = int(tails[0][0])
         meta = self._meta.get(step)
-        if step < 0 or meta is None:
+        if step < 0 or meta is None or any(int(row[0]) != step for row in tails):
             return None
         groups, scale = meta
         width = 1 + self.levels

@@ -55,4 +55,19 @@ class SideStreams:
             torch.cuda.current_stream(device).wait_stream(side)
 
 
-__all__ = ["SideStreams"]
+def to_device(tensors: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """Host tensors of one dtype on ``device`` in one transfer that does not wait for the device (pinned memory,
+    non-blocking: the caching host allocator keeps the buffer until the copy ran); on any other device the tensors
+    themselves. For the per-step index tensors of the error signals, drawn on the CPU."""
+    if device.type != "cuda" or not tensors:
+        return list(tensors)
+    flat = torch.cat([t.reshape(-1) for t in tensors]).pin_memory()
+    moved = flat.to(device, non_blocking=True)
+    out, at = [], 0
+    for t in tensors:
+        out.append(moved[at:at + t.numel()].view(t.shape))
+        at += t.numel()
+    return out
+
+
+__all__ = ["SideStreams", "to_device"]

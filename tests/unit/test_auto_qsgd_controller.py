@@ -123,3 +123,72 @@ def test_codes_become_cfs_and_dense_becomes_plain() -> None:
         assert all(decision.level_for(m) == want for m in g.members), g.name
     telemetry = ctl.telemetry()
     assert {telemetry[f"auto/level/{g.name}"] for g in ctl.groups} <= {0.0, 8.0, 4.0, 2.0}
+
+
+# ---- QuantVariance on its own (one process: two identical "ranks'" rows, the math only) -----------------------
+def _variance_rig(sizes: list[int]) -> tuple:
+    """Real bucket-plan objects, one bucket per tensor, all in group 0; a plan namespace as the planner holds it."""
+    from types import SimpleNamespace
+    from ds_gravac.sync.buckets import Bucket, Member
+    from ds_gravac.sync.quant_variance import QuantVariance
+    members, buckets = [], []
+    for i, n in enumerate(sizes):
+        m = Member(index=i, name=f"w{i}", param=torch.zeros(n), compressible=True)
+        b = Bucket(index=i, compressible=True, dtype=torch.float32)
+        b.add(m)
+        members.append(m)
+        buckets.append(b)
+    spec = VarianceSpec(members={m.name: 0 for m in members}, count=1, cfs=QSGD_CFS, s=(127, 7, 1), block=128)
+    planner = SimpleNamespace(members=members, plan=SimpleNamespace(buckets=buckets))
+    return QuantVariance(planner, spec, seed=0, world_size=2), buckets
+
+
+def _one_step(qv, buckets, xs, actions, step) -> tuple:
+    from ds_gravac.sync.step_plan import StepPlan
+    qv.begin(step, StepPlan(step, None, (), tuple(actions)))
+    for b, x in zip(buckets, xs):
+        qv.stage(b.index, x)
+        qv.bucket_done(b, x, True)
+    qv.end_step(True)
+    tail = qv.tail().tolist()
+    return qv.agreed([tail, tail]).groups[0]          # two ranks with the same input: V = 2·v/N² = v/2
+
+
+def test_a_short_last_partition_is_sampled_within_its_own_blocks() -> None:
+    """17,921 values at N = 2: partitions of 8,961 and 8,960 values (71 and 70 blocks of 128, both sampled 64
+    blocks); the mean estimate over many steps approaches the error model's exact variance."""
+    from ds_gravac.sync.step_plan import DENSE
+    qv, buckets = _variance_rig([17921])
+    x = torch.randn(17921, generator=torch.Generator().manual_seed(0)) * torch.linspace(0.1, 3.0, 17921)
+    exact = [sum(qsgd_variance(x[p * 8961:(p + 1) * 8961], s, 128) for p in range(2)) / 2 for s in (127, 7, 1)]
+    mean = [0.0, 0.0, 0.0]
+    for step in range(200):
+        sig = _one_step(qv, buckets, [x], [DENSE], step)
+        mean = [a + v / 200 for a, v in zip(mean, sig.variance)]
+    assert mean == pytest.approx(exact, rel=0.03)
+
+
+def test_the_signal_energy_subtracts_only_what_each_bucket_was_sent_with() -> None:
+    """One group, two buckets: one sent at 4 bits, the other dense (a selector may refuse a small bucket): S is
+    ‖Q̄‖² minus the 4-bit variance of the first bucket alone."""
+    from ds_gravac.sync.step_plan import DENSE, compress
+    qv, buckets = _variance_rig([4096, 2048])
+    gen = torch.Generator().manual_seed(3)
+    xs = [torch.randn(4096, generator=gen), torch.randn(2048, generator=gen)]
+    sig = _one_step(qv, buckets, xs, [compress((8.0,)), DENSE], 0)
+    applied = sum(float(x.double().square().sum()) for x in xs)
+    sent = sum(qsgd_variance(xs[0][p * 2048:(p + 1) * 2048], 7, 128) for p in range(2)) / 2
+    assert sig.applied == pytest.approx(applied, rel=1e-12)
+    assert sig.energy == pytest.approx(applied - sent, rel=1e-9)
+
+
+def test_a_checkpoint_of_another_family_starts_afresh() -> None:
+    """Same groups, other ladders: a PowerSGD auto state loaded under QSGD would index the wrong rungs."""
+    lowrank = AutoController(parse_config({"mode": "auto", "compressor": "powersgd"}))
+    lowrank.signal_groups(SHAPES)
+    lowrank.codes = [len(g.ladder) - 1 for g in lowrank.groups]
+    qsgd = _controller(1e8)
+    before = qsgd.state_dict()
+    qsgd.load_state_dict(lowrank.state_dict())
+    assert qsgd.state_dict() == before and before["family"] == "qsgd"
+    assert [e["event"] for e in qsgd.pop_events()][-1] == "auto_family_changed"

@@ -200,16 +200,19 @@ class AutoController(Controller):
         fits = self._fits
         if fits is None and self.ctx is not None and self.ctx.cost_fits is not None:
             fits = self.ctx.cost_fits()
+        params = dict(self.config.compressor.params)      # the configured compressor's payload, priced as sent
+        shape = {"qsgd_block": int(params.get("bucket_size", 128)) if self.family == QSGD else 128,
+                 "topk_params": params if self.family == SPARSE else None}
         if not isinstance(fits, FitTable):
             a = self.config.auto
-            return Pricer(link_fits(float(a.link_gbit_s) * 1e9, float(a.link_alpha_s), world), world)
+            return Pricer(link_fits(float(a.link_gbit_s) * 1e9, float(a.link_alpha_s), world), world, **shape)
         codec: dict[str, dict[str, LinearFit]] = {}
         if GEMM in fits.names():
             codec[LOWRANK] = {GEMM: fits.get(GEMM)}
         measured = {k: fits.get(k) for k in fits.names() if k.startswith(("encode@", "decode@"))}
         if self.family in (QSGD, SPARSE) and measured:   # the codec timed with the link (this compressor's)
             codec[self.family] = measured
-        return Pricer({k: fits.get(k) for k in fits.names() if k != GEMM}, world, codec=codec or None)
+        return Pricer({k: fits.get(k) for k in fits.names() if k != GEMM}, world, codec=codec or None, **shape)
 
     def _tables(self, signals: GroupErrors) -> tuple[list[list[float]], list[list[float]]]:
         """Every rung's seconds (priced once per set of fits: rank 0 prices at ``propose``, every rank again at
@@ -354,7 +357,8 @@ class AutoController(Controller):
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        return {"version": STATE_VERSION, "mode": self.mode, "groups": [g.name for g in self.groups],
+        return {"version": STATE_VERSION, "mode": self.mode, "family": self.family,
+                "groups": [g.name for g in self.groups],
                 "codes": list(self.codes), "prev_codes": list(self.prev_codes), "step_times": list(self.step_times),
                 "changed_at": list(self.hyst.changed_at), "decisions": self.decisions,
                 "tight_until": self.tight_until, "prev_lr": self.prev_lr, "tight": self.tight,
@@ -367,6 +371,10 @@ class AutoController(Controller):
                                     f"not {self.mode!r}")
         if list(state["groups"]) != [g.name for g in self.groups]:
             self.log_event(int(state["decisions"]), "auto_groups_changed")     # another model: start afresh
+            return
+        if state.get("family", LOWRANK) != self.family:       # another compressor's ladders: start afresh
+            self.log_event(int(state["decisions"]), "auto_family_changed", saved=state.get("family", LOWRANK),
+                           now=self.family)
             return
         self.codes = [int(c) for c in state["codes"]]
         self.prev_codes = [int(c) for c in state.get("prev_codes", self.codes)]

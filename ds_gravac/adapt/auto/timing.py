@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
 from ...compress.qsgd import QSGD as QSGDCompressor
 from ...compress.qsgd import QSGDParams
-from ...compress.topk import TopK
+from ...compress.topk import TopK, TopKParams
 from ...sync.cost_model.fits import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, STAGE, WRITEBACK, FitTable, LinearFit
 from ...sync.cost_model.predict import compressed_time, dense_time
 from .ladder import DENSE, LOWRANK, QSGD, SPARSE, Group, Level
@@ -92,7 +92,7 @@ class Pricer:
 
     def __init__(self, fits: FitTable | Mapping[str, LinearFit], world_size: int,
                  codec: Optional[Mapping[str, Mapping[str, LinearFit]]] = None, overlap: float = 0.0,
-                 qsgd_block: int = 128) -> None:
+                 qsgd_block: int = 128, topk_params: Optional[Mapping[str, object]] = None) -> None:
         if not 0.0 <= overlap < 1.0:
             raise ValueError(f"ds_gravac: overlap must be in [0, 1) (got {overlap})")
         base = fits.fits if isinstance(fits, FitTable) else dict(fits)
@@ -103,12 +103,12 @@ class Pricer:
                        for fam in (QSGD, SPARSE, LOWRANK)}
         self.dense_table = FitTable(self.link)
         self.qsgd = QSGDCompressor(QSGDParams(bucket_size=qsgd_block))
-        self.topk = TopK()
+        self.topk = TopK(TopKParams(**dict(topk_params or {})))     # its value dtype sizes the payload
 
     @property
     def key(self) -> tuple:
         """Everything the prices depend on: two pricers with equal keys price every level alike."""
-        return (self.world_size, self.overlap, self.qsgd.params.bucket_size,
+        return (self.world_size, self.overlap, self.qsgd.params.bucket_size, repr(self.topk.params),
                 tuple((fam, tuple(sorted(t.fits.items()))) for fam, t in sorted(self.tables.items())))
 
     # ---- one level -------------------------------------------------------------------------------------
