@@ -37,11 +37,11 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
-from ..compress.base import Compressor, stable_hash
+from ..compress.base import Compressor
 from ..config import GravacConfig
 from ..errors import GravacConfigError
 from ..telemetry.stats import MAX_PROBES
-from .host_values import all_finite, fill_where, positions_within, to_list
+from .host_values import all_finite, fill_where, positions_within, shared_coordinates, to_list
 from .streams import to_device
 
 if TYPE_CHECKING:
@@ -139,11 +139,7 @@ class AggregateGain:
                     start += b.numel
             self._total = start
         self.step, self.probes = int(step), tuple(float(p) for p in probes)
-        if self._total <= self.samples:
-            idx = torch.arange(self._total, dtype=torch.int64)
-        else:
-            gen = torch.Generator().manual_seed(stable_hash(f"aggregate-gain:{self.seed}:{step}") & (2**62 - 1))
-            idx = torch.randint(self._total, (self.samples,), generator=gen, dtype=torch.int64)
+        idx = shared_coordinates(self._total, self.samples, f"aggregate-gain:{self.seed}:{step}")
         self._count = int(idx.numel())
         self._where: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         for b, s in self._starts.items():

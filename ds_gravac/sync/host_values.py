@@ -27,4 +27,14 @@ def fill_where(values: torch.Tensor, mask: torch.Tensor, fill: float) -> None:
     values[mask] = fill
 
 
-__all__ = ["all_finite", "fill_where", "positions_within", "to_list"]
+def shared_coordinates(total: int, samples: int, key: str) -> torch.Tensor:
+    """The step's sample coordinates over ``total`` elements, the same on every rank: every coordinate once when
+    there are at most ``samples``, else ``samples`` uniform draws from the stream seeded by ``key``."""
+    from ..compress.base import stable_hash
+    if total <= samples:
+        return torch.arange(total, dtype=torch.int64)
+    gen = torch.Generator().manual_seed(stable_hash(key) & (2**62 - 1))
+    return torch.randint(total, (samples,), generator=gen, dtype=torch.int64)
+
+
+__all__ = ["all_finite", "fill_where", "positions_within", "shared_coordinates", "to_list"]

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 
 from ..compress.base import k_for, stable_hash
-from .host_values import all_finite, positions_within, to_list
+from .host_values import all_finite, positions_within, shared_coordinates, to_list
 from .streams import to_device
 
 if TYPE_CHECKING:
@@ -112,11 +112,7 @@ class SparseUnsent:
                 starts[b.index] = start
                 start += b.numel
         self._total = start
-        if self._total <= self.samples:
-            idx = torch.arange(self._total, dtype=torch.int64)
-        else:
-            gen = torch.Generator().manual_seed(stable_hash(f"sparse-unsent:{self.seed}:{step}") & (2**62 - 1))
-            idx = torch.randint(self._total, (self.samples,), generator=gen, dtype=torch.int64)
+        idx = shared_coordinates(self._total, self.samples, f"sparse-unsent:{self.seed}:{step}")
         self._count = int(idx.numel())
         self._where = {}
         self._groups = torch.full((self.samples,), -1, dtype=torch.int64)
