@@ -25,10 +25,9 @@ from ...config import GravacConfig
 from ..collectives import (Channels, agree_min_max, all_gather_async, all_reduce_async, all_to_all_async,
                            check_agreement)
 from .fits import (ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, STAGE, WRITEBACK, FitTable, decode_key, encode_key,
-                   least_squares)
+                   Sample, least_squares)
 
 CODEC_SIZES = (2**14, 2**18, 2**21)
-Sample = tuple[float, float, float]          # (calls, x, seconds)
 
 
 def initial_level(config: GravacConfig, compressor: Compressor) -> float:
@@ -117,7 +116,10 @@ def codec_samples(compressor: Compressor, level: float, sizes: Sequence[int], re
 
 
 def agree(local: dict[str, list[Sample]] | FitTable, channels: Channels) -> FitTable:
-    """Fit (if given samples) and all-reduce every ``A`` and ``B`` with MAX on the control channel."""
+    """Fit (if given samples) and all-reduce every ``A`` and ``B`` with MAX on the control channel.
+
+    MAX per coefficient, not the slowest rank's whole line: ``max A + max B·x`` bounds every rank's line at every
+    size ``x ≥ 0``, whereas one rank's line can be the slowest at one size and not at another."""
     table = local if isinstance(local, FitTable) else FitTable({k: least_squares(v) for k, v in local.items()})
     names = table.names()
     check_agreement(stable_hash("|".join(names)), channels.control,

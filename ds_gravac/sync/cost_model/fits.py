@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
+Sample = tuple[float, float, float]            # (calls, x, seconds)
 WINDOW = 256                    # samples kept per primitive for a (re)fit: old ones leave as new ones arrive
 
 ALL_REDUCE, ALL_GATHER, ALL_TO_ALL = "all_reduce", "all_gather", "all_to_all"
@@ -78,7 +79,7 @@ class SampleWindow:
     """The last ``size`` samples ``(calls, x, seconds)`` of one primitive."""
 
     def __init__(self, size: int = WINDOW) -> None:
-        self.samples: collections.deque[tuple[float, float, float]] = collections.deque(maxlen=size)
+        self.samples: collections.deque[Sample] = collections.deque(maxlen=size)
 
     def add(self, x: float, seconds: float, calls: float = 1.0) -> None:
         if calls > 0 and math.isfinite(seconds) and seconds >= 0:

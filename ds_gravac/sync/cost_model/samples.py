@@ -11,14 +11,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator
 
-from .fits import decode_key, encode_key
+from .fits import Sample, decode_key, encode_key
 
 if TYPE_CHECKING:
     from ..collectives import Work
     from ..exchange.base import Codec, Exchange
     from ..running_step import RunningStep
-
-Sample = tuple[float, float, float]            # (calls, x, seconds)
 
 
 def codec_samples(run: "RunningStep", codecs: "dict[int, Codec]", own_exchange: str, world_size: int
