@@ -65,13 +65,14 @@ def collect(model: str, rate: str, sections: Mapping[str, Optional[dict[str, Any
             compute_runs: Optional[Mapping[int, Path]] = None) -> dict[str, Any]:
     """The compact input (see the module docstring); ``cores``: cores the cluster runs had (oversubscription);
     ``compute_runs``: invocations holding the compute-only step of an N (default: the run of that N)."""
-    from .scale_workload import workloads
+    from .scale_workload import profile, workloads
 
     systems = list(sections)
     compute_runs = {**runs, **(compute_runs or {})}
     return {"format": FORMAT, "model": model, "rate": rate, "cores": cores, "systems": systems,
             "sections": {sid: sec for sid, sec in sections.items()},
             "workloads": workloads(model, dict(sections), sorted(set(ns) | set(runs))),
+            "backward_share": profile(model).share,
             "measured": {str(n): {"records": run_records(Path(d), systems), "load": run_load(Path(d)),
                                   "compute_only": compute_only(Path(compute_runs[n]))}
                          for n, d in sorted(runs.items())},

@@ -15,10 +15,19 @@ pattern (not priced there) the same chain with two all-reduces:
   So the all-gather's decode grows with N, CaSync-PS pays one re-encode of ``m/N`` elements and two decodes;
 * compute: the reference run's ``time/compute_est`` (weak scaling: the batch per rank is fixed).
 
-The buckets are summed one after another: overlap with backward or between buckets is not modelled, so the
-exposed communication is all of it. The comm part is the prediction with every codec fit set to zero, the codec
-part the rest. DeepSpeed's own dense step is one all-reduce of all gradients, with its flatten and copy-back
-priced as stage and write-back.
+Overlap with backward (``scale_overlap``): a rank has one core, so backward and each bucket's stage and encode
+(``pre``) run one after another on it, while its collectives run one after another on the link. Bucket i (in the
+order its gradients are ready) is encoded once backward reaches its ready fraction ``f_i``, at
+``c_i = f_i·T_bwd + Σ_{j≤i} pre_j``; its collectives start at ``max(c_i, end of bucket i−1's)``. Decode and
+write-back (``post``) follow the wait for the last one. So
+
+    step = compute + codec + max(0, end of the last collective − T_bwd − Σ pre),   T_bwd = share · compute
+
+and the exposed communication is that last term (``comm``; ``comm_total`` is all of it). Without a profile
+(``backward_share`` 0: inputs collected before this model) nothing overlaps and every second adds, as before. DeepSpeed's own dense step is one all-reduce of all gradients after backward
+(ready 1.0), with its flatten and copy-back priced as stage and write-back. Not modelled: gloo's threads taking
+CPU from backward while they send (the measured compute of a run includes what they took), and PowerSGD's second
+round waiting on the orthogonalization between the rounds (its encode counts as ``pre``).
 """
 from __future__ import annotations
 
@@ -36,23 +45,29 @@ from .scale_laws import Collectives
 
 LEVEL = 1.0                       # the synthetic plans' level: one encode and one decode fit per system
 
+CODEC_KEYS = (STAGE, WRITEBACK, encode_key(LEVEL), decode_key(LEVEL))
+PRE_KEYS = (STAGE, encode_key(LEVEL))      # on the core before the bucket's collectives
+
 
 @dataclass(frozen=True)
 class Kernels:
     """Per-step kernel costs of one system, in seconds per element (compute: per step)."""
 
     compute_s: float
+    backward_share: float = 0.0          # T_bwd / compute (scale_overlap); 0: no overlap with backward
     stage: float = 0.0
     writeback: float = 0.0
     encode: float = 0.0
     decode: float = 0.0
 
-    def table(self, coll: Collectives, n: int, law_only: bool = False, codec: bool = True) -> FitTable:
+    def table(self, coll: Collectives, n: int, law_only: bool = False, codec: Sequence[str] = CODEC_KEYS
+              ) -> FitTable:
+        """The fits of N ranks; codec kernels outside ``codec`` cost nothing."""
         zero = LinearFit(0.0, 0.0)
         fits = {op: coll.fit(op, n, law_only) for op in (ALL_REDUCE, ALL_GATHER, ALL_TO_ALL)}
         per = {STAGE: self.stage, WRITEBACK: self.writeback, encode_key(LEVEL): self.encode,
                decode_key(LEVEL): self.decode}
-        fits.update({k: LinearFit(0.0, v) if codec else zero for k, v in per.items()})
+        fits.update({k: LinearFit(0.0, v) if k in codec else zero for k, v in per.items()})
         return FitTable(fits)
 
 
@@ -109,10 +124,23 @@ def bytes_sent(buckets: Sequence[Mapping[str, Any]], n: int) -> float:
 
 
 def predict_step(kernels: Kernels, buckets: Sequence[Mapping[str, Any]], coll: Collectives, n: int,
-                 law_only: bool = False) -> dict[str, float]:
-    """``{"step", "compute", "codec", "comm", "bytes"}`` at N ranks."""
-    full = sum(bucket_time(kernels.table(coll, n, law_only), b, n) for b in buckets)
-    comm = sum(bucket_time(kernels.table(coll, n, law_only, codec=False), b, n) for b in buckets)
-    return {"step": kernels.compute_s + full, "compute": kernels.compute_s, "codec": full - comm, "comm": comm,
-            "bytes": bytes_sent(buckets, n)}
-
+                 law_only: bool = False, codec_scale: float = 1.0) -> dict[str, float]:
+    """``{"step", "compute", "codec", "comm", "comm_total", "bytes"}`` at N ranks (``comm``: exposed);
+    ``codec_scale`` multiplies every codec second (an oversubscribed run's own codec)."""
+    tables = [kernels.table(coll, n, law_only, keys) for keys in (CODEC_KEYS, PRE_KEYS, ())]
+    timed = []
+    for b in buckets:
+        full, pre, link = (bucket_time(t, b, n) for t in tables)
+        timed.append((float(b.get("ready", 1.0)), codec_scale * (pre - link), link,
+                      codec_scale * (full - pre)))
+    timed.sort(key=lambda t: t[0])                       # stable: equal ready fractions keep the plan's order
+    backward = kernels.backward_share * kernels.compute_s
+    core = link_free = 0.0
+    for ready, pre, link, _ in timed:
+        core += pre
+        link_free = max(ready * backward + core, link_free) + link
+    codec = sum(t[1] + t[3] for t in timed)
+    total = sum(t[2] for t in timed)
+    exposed = max(0.0, link_free - backward - core) if kernels.backward_share > 0 else total
+    return {"step": kernels.compute_s + codec + exposed, "compute": kernels.compute_s, "codec": codec,
+            "comm": exposed, "comm_total": total, "bytes": bytes_sent(buckets, n)}

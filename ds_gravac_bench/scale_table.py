@@ -11,6 +11,7 @@ and its codec rates.
 """
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from typing import Any, Mapping, Optional, Sequence
 
@@ -60,10 +61,12 @@ def reference_kernels(inp: Mapping[str, Any], compute_s: Optional[float] = None)
     compute = gravac_compute(recs, systems, sections) if compute_s is None else compute_s
     out = {sid: kernels_from_record(recs[sid], inp["workloads"][sid][str(n)], n, compute)
            for sid in systems if sections.get(sid) is not None and sid in recs}
+    share = float(inp.get("backward_share", 0.0))        # inputs collected before the overlap model: none
+    out = {sid: dataclasses.replace(k, backward_share=share) for sid, k in out.items()}
     copies = [k for k in out.values() if k.stage > 0]
     for sid in systems:
         if sections.get(sid) is None:
-            out[sid] = Kernels(compute_s=compute,
+            out[sid] = Kernels(compute_s=compute, backward_share=share,
                                stage=statistics.median(k.stage for k in copies) if copies else 0.0,
                                writeback=statistics.median(k.writeback for k in copies) if copies else 0.0)
     return out
@@ -81,15 +84,18 @@ def row(inp: Mapping[str, Any], sid: str, n: int, kernels: Kernels, coll: Collec
     if rec is None:
         return out
     compute, source = measured_compute(inp, n, sid)
-    codec = pred["codec"]
-    if n > inp["cores"]:         # oversubscribed: a shared core slows the codec too; take the run's own
-        codec = rec.get("codec_s", codec)
+    scale = 1.0
+    if n > inp["cores"] and pred["codec"] > 0 and "codec_s" in rec:
+        # oversubscribed: a shared core slows the codec too; take the run's own
+        scale = rec["codec_s"] / pred["codec"]
         source += ", codec of this run (oversubscribed)"
-    pred = {**pred, "compute": compute, "codec": codec, "step": compute + codec + pred["comm"]}
+    pred = predict_step(dataclasses.replace(kernels, compute_s=compute), buckets, coll, n, codec_scale=scale)
     only = (run.get("compute_only") or {}).get("step_s")
+    with_only = None if only is None else predict_step(dataclasses.replace(kernels, compute_s=only), buckets, coll,
+                                                       n, codec_scale=scale)["step"]
     out.update(status="measured", measured=rec, pred=pred, compute_source=source, load=run.get("load"),
                error=pred["step"] / rec["step_s"] - 1.0,
-               error_compute_only=None if only is None else (only + codec + pred["comm"]) / rec["step_s"] - 1.0,
+               error_compute_only=None if with_only is None else with_only / rec["step_s"] - 1.0,
                compute_only_s=only)
     return out
 

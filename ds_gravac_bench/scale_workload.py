@@ -1,7 +1,9 @@
 """What one step of a system sends at N ranks, from the synchronizer's own planner (no process group).
 
 For every bucket of the bucket plan the synchronizer would build for the model (25 MiB buckets, reverse
-registration order, as before the first step froze it): its exchange at N (``exchange_name``: the quantizers'
+registration order, as before the first step froze it): when it is ready (``ready``: the fraction of backward
+done when its last gradient is, ``scale_overlap``; DeepSpeed's dense path all-reduces after backward, 1.0), its
+exchange at N (``exchange_name``: the quantizers'
 ``"auto"`` all-gather at two ranks, CaSync-PS above; ``"dense"`` where the planner's own selector sends it dense,
 e.g. an all-gather that would move more bytes than the ring), its elements, its first-round payload words per rank
 (all N partitions of a quantizer's bucket) and its second-round words (two-round low rank). DeepSpeed's own dense
@@ -9,12 +11,16 @@ path is one all-reduce of every gradient (its 500M-element buffer).
 """
 from __future__ import annotations
 
+import functools
 from types import SimpleNamespace
 from typing import Any, Optional
 
 import torch
 
-Bucket = dict[str, Any]          # {"exchange", "numel", "words1", "words2", "calls"}
+from .scale_overlap import BackwardProfile, backward_profile
+
+Bucket = dict[str, Any]          # {"exchange", "numel", "words1", "words2", "calls", "ready"}
+IMAGE = (2, 3, 32, 32)           # the runners' CIFAR-shaped input (FLOP fractions do not depend on the batch)
 
 
 def model_params(model: str) -> list[tuple[str, torch.nn.Parameter]]:
@@ -26,12 +32,24 @@ def model_params(model: str) -> list[tuple[str, torch.nn.Parameter]]:
     return [(n, p) for n, p in net.named_parameters() if p.requires_grad and p.numel() > 0]
 
 
+@functools.lru_cache(maxsize=4)
+def profile(model: str) -> BackwardProfile:
+    """The model's backward readiness (``scale_overlap``), on the meta device."""
+    from runners.models import build_model
+
+    if model == "lstm":              # not an image model: no profile, every bucket counts as ready at the end
+        return BackwardProfile(ready={}, share=0.0)
+    with torch.device("meta"):
+        return backward_profile(build_model(model, num_classes=10), torch.empty(IMAGE))
+
+
 def deepspeed_dense(params: list[tuple[str, torch.nn.Parameter]]) -> list[Bucket]:
     numel = sum(p.numel() for _, p in params)
-    return [{"exchange": "dense", "numel": numel, "words1": numel, "words2": 0, "calls": 1}]
+    return [{"exchange": "dense", "numel": numel, "words1": numel, "words2": 0, "calls": 1, "ready": 1.0}]
 
 
-def gravac_buckets(params: list[tuple[str, torch.nn.Parameter]], section: dict[str, Any], n: int) -> list[Bucket]:
+def gravac_buckets(params: list[tuple[str, torch.nn.Parameter]], section: dict[str, Any], n: int,
+                   ready: Optional[dict[str, float]] = None) -> list[Bucket]:
     """The buckets of a ``"gravac"`` section at N ranks, at the level a static run sends
     (``static_default_level``, else ``cf``)."""
     from ds_gravac.config import parse_config
@@ -57,21 +75,24 @@ def gravac_buckets(params: list[tuple[str, torch.nn.Parameter]], section: dict[s
     level = planner.level(cfg.static_cf() if default is None else default, 10**6)
     out = []
     for bucket in planner.plan.buckets:
+        when = max((ready or {}).get(m.name, 1.0) for m in bucket.members)
         codec: Optional[Any] = planner.codecs.get(bucket.index)
         levels = tuple(comp.member_level(c, level) for c in planner.ctxs.get(bucket.index, []))
         if codec is None or planner.dense_at(bucket.index, levels):
             out.append({"exchange": "dense", "numel": bucket.numel, "words1": bucket.numel, "words2": 0,
-                        "calls": 1})
+                        "calls": 1, "ready": when})
             continue
         plans = codec.plans(levels)
         second = [p.get("round2") for p in plans]
         out.append({"exchange": name, "numel": bucket.numel, "words1": sum(p.words for p in plans),
-                    "words2": sum(q.words for q in second if q is not None), "calls": len(plans)})
+                    "words2": sum(q.words for q in second if q is not None), "calls": len(plans),
+                    "ready": when})
     return out
 
 
 def workloads(model: str, sections: dict[str, Optional[dict[str, Any]]], ns: list[int]) -> dict[str, Any]:
     """``{system: {N: [bucket, ...]}}``; a ``None`` section is DeepSpeed's own dense path."""
-    params = model_params(model)
-    return {sid: {str(n): deepspeed_dense(params) if sec is None else gravac_buckets(params, sec, n) for n in ns}
+    params, ready = model_params(model), profile(model).ready
+    return {sid: {str(n): deepspeed_dense(params) if sec is None else gravac_buckets(params, sec, n, ready)
+                  for n in ns}
             for sid, sec in sections.items()}
