@@ -10,8 +10,9 @@ two ranks of this machine (loopback, no namespaces): the loss per step of a stat
 on the link. ``report`` puts each system's loss at equal steps next to dense's, the step at which it first reaches
 dense's target (dense's smoothed loss at 75% of the budget), and — from ``bench_e2e`` runs on the emulated cluster —
 its time to that target at each link rate: steps to target × the system's median step time there (a static system
-with ``warmup_steps`` dense steps: those at its cluster run's dense step, the rest at its compressed step). A GraVAC
-system decides from measured step times, so its row at a rate is its own cluster run (loss and time) when that run exists.
+with ``warmup_steps`` dense steps: those at its cluster run's dense step, the rest at its compressed step). A
+controller (GraVAC, Accordion, auto) changes its level over training, and GraVAC and auto decide from the measured
+link, so its row at a rate is its own cluster run (loss and time) when that run exists.
 
 Systems are ``bench_e2e`` matrix ids (``gv_powersgd_r16``, ``gv_topk_100@cf=50``) or shipped config files
 (``cfg:ds_configs/resnet101_recommended.json``), whose non-``"gravac"`` keys must equal the task's dense config.

@@ -24,14 +24,25 @@ def first_eval_reach(evals: list[tuple[int, float]], target: float) -> Optional[
 
 
 def adaptive(section: Optional[dict[str, Any]]) -> bool:
-    return bool(section) and section.get("mode") == "gravac"
+    """Whether a section changes its level over training (GraVAC, Accordion, auto), so that no single step time
+    stands for its run; read through the config's own defaults, so ``{}`` is whatever mode it means."""
+    if section is None:
+        return False
+    from ds_gravac.config import parse_config
+    from ds_gravac.errors import GravacConfigError
+
+    try:
+        return parse_config(section).mode != "static"
+    except GravacConfigError:            # a section of an older release: its own key, or the old default
+        return section.get("mode", "static") != "static"
 
 
 def time_at_rate(run: Optional[dict[str, Any]], steps_to_target: Optional[int], section: Optional[dict[str, Any]],
                  target: float, steps_to_top1: Optional[int] = None,
                  top1_target: Optional[float] = None) -> dict[str, Any]:
     """Step time and time to each target of one system at one rate (see ds_gravac_bench.fidelity's docstring). A
-    GraVAC system decides from measured step times, so its times come from its own cluster run."""
+    controller that changes levels (GraVAC, Accordion, auto) has no one step time, and GraVAC and auto decide from
+    the measured link, so its times come from its own cluster run."""
     if run is None or run["median_step"] is None:
         return {"step_s": None, "time_s": None, "top1_time_s": None, "source": "no cluster run"}
     if adaptive(section):

@@ -61,6 +61,26 @@ def dirs(tmp_path: Path) -> tuple[Path, Path]:
     return loop, cluster
 
 
+@pytest.mark.parametrize("section", [{"mode": "auto", "compressor": "powersgd"},
+                                     {"mode": "accordion", "compressor": "topk", "accordion": {"interval_steps": 10}}])
+def test_a_controller_that_changes_levels_is_timed_by_its_own_cluster_run(tmp_path: Path, section: dict) -> None:
+    """auto decides from the measured link and Accordion changes its level over training, so neither has one step
+    time: the row takes loss and time from its own cluster run (here 0.25 s a step, reaching the target at the
+    same step as on loopback), never loopback steps × the cluster run's median step."""
+    loop = _write_run(tmp_path / "loop", "mlp", {
+        "ds_dense": {"loss": DENSE, "time": 0.1, "bytes": 1000.0, "gravac": None},
+        "gv_ctl": {"loss": DENSE, "time": 0.1, "bytes": 10.0, "gravac": section}})
+    times = [4.0] * 30 + [0.25] * 70
+    cluster = _write_run(tmp_path / "c", "mlp", {
+        "ds_dense": {"loss": DENSE[:20], "time": 2.0, "bytes": 1000.0, "gravac": None},
+        "gv_ctl": {"loss": DENSE, "time": times, "bytes": 10.0, "gravac": section}})
+    rows = {r["id"]: r for r in build(loop, {"1gbit": cluster})["systems"]}
+    reach = rows["ds_dense"]["steps_to_target"]
+    got = rows["gv_ctl"]["rates"]["1gbit"]
+    assert got["source"] == "cluster run" and got["time_s"] == pytest.approx(sum(times[:reach]))
+    assert got["time_s"] > 2 * 0.25 * reach
+
+
 def test_target_steps_and_times(dirs: tuple[Path, Path]) -> None:
     loop, cluster = dirs
     res = build(loop, {"1gbit": cluster})
