@@ -175,8 +175,6 @@ def run_matrix(opts: argparse.Namespace) -> Path:
                             "fidelity": getattr(opts, "fidelity", None),
                             "network": {"rate": net, "delay": "0"}, "systems": {}}
     every = int(getattr(opts, "checkpoint_every", 0) or 0)
-    if every and not loopback:
-        raise SystemExit("bench_e2e: --checkpoint-every continues loopback runs only (cluster runs are short)")
     earlier = _earlier_systems(out) if every else {}
     cluster = None
     if not loopback:
@@ -214,6 +212,8 @@ def run_matrix(opts: argparse.Namespace) -> Path:
                 ports = [29500 + n] if cluster is not None else [free_port()]
                 rc, veth = _run_one(cluster, script, args, ddp, ports[0], opts.timeout, log_dir)
             import hashlib
+            if every and veth and earlier.get(sid, {}).get("veth_bytes"):   # a continued cluster run: all its bytes
+                veth += earlier[sid]["veth_bytes"]
             meta["systems"][sid] = {"returncode": rc, "veth_bytes": veth, "note": spec.note, "family": spec.family,
                                     "config_hash": hashlib.sha1(cfg_path.read_bytes()).hexdigest()[:12],
                                     "ports": ports}
@@ -278,8 +278,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     run.add_argument("--timeout", type=float, default=3600.0, help="seconds per system")
     run.add_argument("--out", default=None, help="default: runs/e2e-<date>-<model>-<rate> (git-ignored)")
     run.add_argument("--checkpoint-every", type=int, default=0, metavar="K",
-                     help="loopback: checkpoint every K steps; the same command again skips finished systems and "
-                          "resumes the others from their newest checkpoint (ds_gravac_bench/resume.py)")
+                     help="checkpoint every K steps; the same command again skips finished systems and resumes the "
+                          "others from their newest checkpoint (ds_gravac_bench/resume.py; on the cluster too)")
     run.add_argument("--smoke", action="store_true", help="127.0.0.1, tiny model, 3 steps, 2 systems")
     rep = sub.add_parser("report", help="rebuild results.md and plots from a results directory")
     rep.add_argument("dir")

@@ -95,11 +95,14 @@ def run(opts: argparse.Namespace) -> Path:
     from ds_gravac_bench.e2e import run_matrix
 
     task = TASKS[opts.task]
-    e2e = argparse.Namespace(model=task.model, rate="loopback", ranks=2, steps=opts.steps or task.steps,
+    rate = getattr(opts, "rate", "loopback")
+    e2e = argparse.Namespace(model=task.model, rate=rate, ranks=2, steps=opts.steps or task.steps,
                              systems=opts.systems or ",".join(task.systems), micro_batch=opts.micro_batch
-                             or task.micro_batch, lr=task.lr, epsilon=0.7, theta_min=10.0, ablation=None, tag=3,
+                             or task.micro_batch, lr=task.lr, epsilon=0.7, theta_min=10.0, ablation=None,
+                             tag=getattr(opts, "tag", 3),
                              timeout=opts.timeout, smoke=False, checkpoint_every=getattr(opts, "checkpoint_every", 0),
-                             out=opts.out or ROOT / "runs" / f"fidelity-{opts.task}-seed{opts.seed}",
+                             out=opts.out or ROOT / "runs" / (f"fidelity-{opts.task}-seed{opts.seed}"
+                                                               + ("" if rate == "loopback" else f"-{rate}")),
                              runner_extra=(*task.runner_extra, "--seed", str(opts.seed)),
                              fidelity={"task": opts.task, "seed": opts.seed, "target_fraction": task.target_fraction,
                                        "top1_margin": task.top1_margin})
@@ -368,7 +371,7 @@ def clusters_of(args: Sequence[tuple[str, list[Path]]]) -> dict[str, list[Path]]
 def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run", help="train every system of a task on loopback")
+    r = sub.add_parser("run", help="train every system of a task (loopback, or the emulated cluster at a rate)")
     r.add_argument("--task", choices=sorted(TASKS), default="resnet101")
     r.add_argument("--steps", type=int, default=None, help="default: the task's budget")
     r.add_argument("--systems", default=None, help="comma list of bench_e2e ids and cfg:<file> (default: the task's)")
@@ -380,6 +383,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     r.add_argument("--checkpoint-every", type=int, default=0, metavar="K",
                    help="checkpoint every K steps; the same command again skips finished systems and resumes the "
                         "others (long tasks: a run outlasts a session)")
+    r.add_argument("--rate", default="loopback",
+                   help="loopback (loss per step), or a tc rate of the emulated cluster (1gbit, 100mbit): a "
+                        "controller's whole run at that rate, loss and time (docs/BENCHMARKS_LONG.md)")
+    r.add_argument("--tag", type=int, default=3, help="the emulated cluster's namespace tag (gvc<T>-…)")
     r.add_argument("--cluster", action="append", type=cluster_arg, default=[], metavar="RATE=DIR")
     p = sub.add_parser("report", help="rebuild fidelity.md, fidelity.json and plots")
     p.add_argument("dirs", nargs="+", help="fidelity/bench_e2e outputs of one model; several are merged when "

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cluster_skip import emulated_cluster_unavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = "tests/launcher/fault_job.py"
@@ -68,27 +69,13 @@ def job_args(fault: str, markers: Path) -> list[str]:
     return ["--fault", fault, "--timeout-s", str(TIMEOUT_S), "--markers", str(markers)]
 
 
-def emulated_cluster_unavailable(where: Path) -> str:
-    """Why the two-node variant cannot run here ("" when it can)."""
-    if os.geteuid() != 0:
-        return "needs root (CAP_NET_ADMIN) to create network namespaces"
-    from ds_gravac_bench import netns
-    from ds_gravac_bench.netns import ClusterError
-    try:
-        netns.check_prereqs()
-        reason = netns.probe(where, FAULT_TAG)
-    except ClusterError as err:
-        reason = str(err)
-    return f"cannot create network namespaces here: {reason}" if reason else ""
-
-
 @pytest.mark.launcher
 @pytest.mark.parametrize("fault", ["stop", "kill"])
 def test_single_node(fault: str, tmp_path: Path) -> None:
     """The fallback where the emulated cluster cannot run (no root or namespaces): the same job on loopback. Where
     it can, ``test_two_nodes`` runs the same faults over real sockets between namespaces, and this one is skipped
     (it would add two launches and nothing the two-node runs do not show)."""
-    if not emulated_cluster_unavailable(tmp_path / "probe"):
+    if not emulated_cluster_unavailable(tmp_path / "probe", FAULT_TAG):
         pytest.skip("covered by test_two_nodes (the emulated cluster is available)")
     from harness import free_port
     deepspeed = os.path.join(os.path.dirname(sys.executable), "deepspeed")
@@ -116,7 +103,7 @@ def test_single_node(fault: str, tmp_path: Path) -> None:
 @pytest.mark.launcher
 @pytest.mark.parametrize("fault", ["stop", "kill"])
 def test_two_nodes(fault: str, tmp_path: Path) -> None:
-    reason = emulated_cluster_unavailable(tmp_path / "probe")
+    reason = emulated_cluster_unavailable(tmp_path / "probe", FAULT_TAG)
     if reason:
         pytest.skip(reason)
     from ds_gravac_bench import netns
