@@ -18,6 +18,7 @@ SCHEDULE = ("--lr-warmup", "3", "--lr-decay-at", "0.75")      # factors 1/3, 2/3
 
 
 def _run(tmp_path: Path, system: str) -> tuple[dict, list[dict]]:
+    """Run ``system`` (or a comma list: the records are the first one's)."""
     from ds_gravac_bench.e2e import run_matrix
 
     opts = argparse.Namespace(model="tiny_cnn", rate="loopback", ranks=2, steps=STEPS, systems=system,
@@ -27,8 +28,9 @@ def _run(tmp_path: Path, system: str) -> tuple[dict, list[dict]]:
                                             "--final-eval-batches", "3"))
     out = run_matrix(opts)
     meta = json.loads((out / "meta.json").read_text())
-    recs = [json.loads(x) for x in (out / "systems" / system / "steps.jsonl").read_text().splitlines() if x.strip()]
-    assert meta["systems"][system]["returncode"] == 0, (out / "systems" / system / "log.txt").read_text()[-3000:]
+    first = system.split(",")[0]
+    recs = [json.loads(x) for x in (out / "systems" / first / "steps.jsonl").read_text().splitlines() if x.strip()]
+    assert meta["systems"][first]["returncode"] == 0, (out / "systems" / first / "log.txt").read_text()[-3000:]
     return meta, recs
 
 
@@ -67,3 +69,16 @@ def test_post_local_sgd_sends_on_sync_and_averaging_steps_only(tmp_path: Path) -
     ring = _ring_bytes()
     assert [r["bytes_sent"] for r in recs] == pytest.approx([ring, ring, 0.0, ring])
     _check_records(recs, meta["lr"])
+
+
+def test_ddp_fp32_trains_bitwise_as_deepspeed_fp32_at_two_ranks(tmp_path: Path) -> None:
+    """At two ranks both sum two fp32 gradients and halve them exactly, with the same optimizer and schedule: every
+    loss and held-out metric is the same bit for bit. So the long tasks do not train ``ddp_dense`` on loopback
+    (``fidelity.SAME_AS_DENSE``); only its step time on the cluster is its own."""
+    meta, recs = _run(tmp_path, "ds_dense,ddp_dense")
+    ddp = [json.loads(x) for x in (tmp_path / "out" / "systems" / "ddp_dense" / "steps.jsonl").read_text().splitlines()
+           if x.strip()]
+    assert meta["systems"]["ddp_dense"]["returncode"] == 0
+    keys = ("loss", "lr", "eval/top1", "eval/loss")
+    assert [[r.get(k) for k in keys] for r in ddp] == [[r.get(k) for k in keys] for r in recs]
+    assert any(r.get("eval/top1") is not None for r in recs)
