@@ -49,7 +49,7 @@ class FidelityTask:
     target_fraction: float = TARGET_FRACTION   # the loss target: dense's smoothed loss at this fraction of the budget
     top1_margin: Optional[float] = None        # the held-out target: dense's final top-1 minus this (0.005 = 0.5 pt)
     lr: Optional[float] = None                 # default: the model's dense config in ds_configs/
-    same_curve: tuple[str, ...] = ()           # systems not trained on loopback: their loss per step is dense's
+    same_curve: tuple[tuple[str, str], ...] = ()   # (system, source): its loss per step is source's (not trained)
 
 
 # The long regime (docs/BENCHMARKS_LONG.md): ResNet-18 on 100-class synthetic images with heavy noise, a fresh image
@@ -57,16 +57,17 @@ class FidelityTask:
 LONG_IMAGES = ("--num-classes", "100", "--synthetic-noise", "12", "--synthetic-size", "400000")
 BASELINES = ("ds_dense", "ds_dense_jitter", "ds_fp16", "ds_bf16", "ddp_dense", "ddp_bf16", "ddp_powersgd",
              "ddp_localsgd")
-# DDP's fp32 all-reduce trains bitwise as DeepSpeed's at two ranks (tests/launcher/test_baseline_systems.py): on the
-# long tasks its loss per step is ds_dense's, and only its step time on the cluster is its own
-SAME_AS_DENSE = ("ddp_dense",)
+# At two ranks DDP's fp32 all-reduce trains bitwise as DeepSpeed's, and DeepSpeed's bf16 communication as DDP's bf16
+# hook (tests/launcher/test_baseline_systems.py): on the long tasks one of each pair is trained on loopback and the
+# other takes its loss per step (a run of its own, where one exists, wins); only its cluster step is its own
+SAME_CURVE = (("ddp_dense", "ds_dense"), ("ds_bf16", "ddp_bf16"))
 # the best static per family (gv_powersgd_r4, gv_topk_100) stand until the tuning sweep picks them; GraVAC with the
 # paper's settings (window 500, ε 0.7 and 0.9, Top-k 10…1000); Accordion; auto over each family it drives
 PAPER_GRAVAC = ("gv_gravac@gravac.window=500", "gv_gravac@gravac.window=500@gravac.epsilon=0.9")
 OURS = ("gv_default", "gv_powersgd_r4", "gv_topk_100", *PAPER_GRAVAC, "gv_accordion_topk", "gv_auto", "gv_auto_qsgd",
         "gv_auto_topk")
 
-LONG_SYSTEMS = tuple(s for s in BASELINES + OURS if s not in SAME_AS_DENSE)
+LONG_SYSTEMS = tuple(s for s in BASELINES + OURS if s not in dict(SAME_CURVE))
 
 
 def _schedule(steps: int, warmup: int, eval_every: int, eval_batches: int) -> tuple[str, ...]:
@@ -86,12 +87,12 @@ TASKS = {
                                      "gv_dgc_10_nomask")),
     "resnet18_long": FidelityTask("resnet18", 6000, LONG_SYSTEMS, lr=0.02, target_fraction=0.9,
                                   top1_margin=0.005, runner_extra=LONG_IMAGES + _schedule(6000, 300, 200, 40),
-                                  same_curve=SAME_AS_DENSE),
+                                  same_curve=SAME_CURVE),
     "lstm_long": FidelityTask("lstm", 2000, LONG_SYSTEMS, target_fraction=0.9,
                               runner_extra=("--lstm-size", "medium") + _schedule(2000, 100, 200, 20),
-                              same_curve=SAME_AS_DENSE),
+                              same_curve=SAME_CURVE),
     "mlp_screen": FidelityTask("mlp", 3000, LONG_SYSTEMS, lr=0.05, target_fraction=0.9, top1_margin=0.005,
-                               runner_extra=LONG_IMAGES + _schedule(3000, 150, 100, 40), same_curve=SAME_AS_DENSE),
+                               runner_extra=LONG_IMAGES + _schedule(3000, 150, 100, 40), same_curve=SAME_CURVE),
 }
 
 
@@ -224,9 +225,9 @@ def build(dirs: Sequence[Path] | Path, clusters: dict[str, Sequence[Path] | Path
     top1_target = dense_top1 - margin if margin is not None and dense_top1 is not None else None
     cluster_curves = {rate: _cluster_runs(_paths(path)) for rate, path in clusters.items()}
     if meta.get("N") == 2:
-        for sid in TASKS[task["task"]].same_curve if task.get("task") in TASKS else ():
-            if sid not in curves:
-                curves[sid], sections[sid] = {**ref, "same_curve_as": ref_id}, None
+        for sid, source in TASKS[task["task"]].same_curve if task.get("task") in TASKS else ():
+            if sid not in curves and source in curves:
+                curves[sid], sections[sid] = {**curves[source], "same_curve_as": source}, sections[source]
     rows = []
     for sid, c in curves.items():
         if not c["smoothed"] or sid.startswith("compute_only"):   # one rank alone: only its step time means something

@@ -71,14 +71,19 @@ def test_post_local_sgd_sends_on_sync_and_averaging_steps_only(tmp_path: Path) -
     _check_records(recs, meta["lr"])
 
 
-def test_ddp_fp32_trains_bitwise_as_deepspeed_fp32_at_two_ranks(tmp_path: Path) -> None:
-    """At two ranks both sum two fp32 gradients and halve them exactly, with the same optimizer and schedule: every
-    loss and held-out metric is the same bit for bit. So the long tasks do not train ``ddp_dense`` on loopback
-    (``fidelity.SAME_AS_DENSE``); only its step time on the cluster is its own."""
-    meta, recs = _run(tmp_path, "ds_dense,ddp_dense")
-    ddp = [json.loads(x) for x in (tmp_path / "out" / "systems" / "ddp_dense" / "steps.jsonl").read_text().splitlines()
-           if x.strip()]
-    assert meta["systems"]["ddp_dense"]["returncode"] == 0
+def test_ddp_and_deepspeed_train_bitwise_alike_at_two_ranks(tmp_path: Path) -> None:
+    """At two ranks both sum two gradients and halve them exactly (in fp32, or both in bf16), with the same optimizer
+    and schedule: every loss and held-out metric of DDP's fp32 all-reduce equals DeepSpeed's bit for bit, and those
+    of DeepSpeed's bf16 communication equal DDP's bf16 hook's. So the long tasks train one of each pair on loopback
+    (``fidelity.SAME_CURVE``); the other's step time on the cluster is its own."""
+    meta, _ = _run(tmp_path, "ds_dense,ddp_dense,ddp_bf16,ds_bf16")
     keys = ("loss", "lr", "eval/top1", "eval/loss")
-    assert [[r.get(k) for k in keys] for r in ddp] == [[r.get(k) for k in keys] for r in recs]
-    assert any(r.get("eval/top1") is not None for r in recs)
+
+    def curve(system: str) -> list[list]:
+        assert meta["systems"][system]["returncode"] == 0
+        path = tmp_path / "out" / "systems" / system / "steps.jsonl"
+        return [[r.get(k) for k in keys] for r in map(json.loads, path.read_text().splitlines()) if r]
+
+    assert any(row[2] is not None for row in curve("ds_dense"))
+    assert curve("ddp_dense") == curve("ds_dense")
+    assert curve("ds_bf16") == curve("ddp_bf16") != curve("ds_dense")

@@ -83,7 +83,8 @@ def test_a_controller_that_changes_levels_is_timed_by_its_own_cluster_run(tmp_pa
 
 def test_ddp_fp32_takes_dense_curve_on_a_long_task_and_its_own_cluster_step(tmp_path: Path) -> None:
     """On the long tasks DDP's fp32 all-reduce is not trained on loopback (bitwise ds_dense's at two ranks): its row
-    is dense's steps to target × its own cluster step; a task without that rule, or four ranks, gets no such row."""
+    is dense's steps to target × its own cluster step; a task without that rule, or four ranks, gets no such row,
+    and a pair whose source did not run (ds_bf16 from ddp_bf16) gets none either."""
     task = {"task": "mlp_screen", "target_fraction": 0.75, "top1_margin": None}
     loop = _write_run(tmp_path / "loop", "mlp", {
         "ds_dense": {"loss": DENSE, "time": 0.1, "bytes": 1000.0, "gravac": None}}, fidelity=task, N=2)
@@ -95,6 +96,7 @@ def test_ddp_fp32_takes_dense_curve_on_a_long_task_and_its_own_cluster_step(tmp_
     assert rows["ddp_dense"]["steps_to_target"] == reach and "bitwise equal" in rows["ddp_dense"]["label"]
     assert rows["ddp_dense"]["rates"]["1gbit"]["time_s"] == pytest.approx(1.5 * reach)
     assert rows["ddp_dense"]["rates"]["1gbit"]["speedup"] == pytest.approx(2.0 / 1.5)
+    assert "ds_bf16" not in rows
     for name, extra in (("short", {"fidelity": {**task, "task": "mlp"}, "N": 2}), ("four", {"fidelity": task, "N": 4})):
         other = _write_run(tmp_path / name, "mlp", {
             "ds_dense": {"loss": DENSE, "time": 0.1, "bytes": 1000.0, "gravac": None}}, **extra)
