@@ -238,7 +238,7 @@ def build(dirs: Sequence[Path] | Path, clusters: dict[str, Sequence[Path] | Path
         label = system_label(sid, sections[sid], len(c["smoothed"]))
         if c.get("same_curve_as"):
             label += f" (loss per step: {c['same_curve_as']}'s, bitwise equal at 2 ranks)"
-        row = {"id": sid, "label": label,
+        row = {"id": sid, "label": label, "same_curve_as": c.get("same_curve_as"),
                "family": _family(sections[sid], c.get("family")),
                "section_hash": match_key(sid, sections[sid]), "steps": len(c["smoothed"]),
                "final_loss": c["smoothed"][n - 1], "dense_loss": ref["smoothed"][n - 1],

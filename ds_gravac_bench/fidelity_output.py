@@ -53,7 +53,7 @@ def markdown(res: dict[str, Any]) -> str:
     for f in res.get("failures", []):
         lines.append(f"| {f['id']} | failed (exit {f['returncode']}): {f['error'].replace('|', '/')} |")
     lines += ["", "Time to target: steps to target on the loopback curve × the system's median cluster step "
-              "(GraVAC rows: their own cluster run). Clusters: " + (", ".join(f"{k} = {v}" for k, v in
+              "(controllers — GraVAC, Accordion, auto: their own cluster run). Clusters: " + (", ".join(f"{k} = {v}" for k, v in
                                                                         res["clusters"].items()) or "none") + "."]
     return "\n".join(lines) + "\n"
 
@@ -70,7 +70,7 @@ def plots(res: dict[str, Any], outdir: Path, curves: dict[str, dict[str, Any]],
     fig, axes = plt.subplots(1, len(families), figsize=(5 * len(families), 3.8), squeeze=False)
     for ax, fam in zip(axes[0], families):
         for r in res["systems"]:
-            if r["family"] in (fam, "dense"):
+            if r["family"] in (fam, "dense") and not r.get("same_curve_as"):     # a borrowed curve: drawn once
                 ax.plot(range(1, r["steps"] + 1), curves[r["id"]]["smoothed"], label=r["id"],
                         color="k" if r["family"] == "dense" else None)
         ax.axhline(res["target_loss"], color="0.6", ls=":")
@@ -86,7 +86,8 @@ def plots(res: dict[str, Any], outdir: Path, curves: dict[str, dict[str, Any]],
             if t["source"] == "cluster run" and run:
                 wall, ys = list(itertools.accumulate(run["times"])), run["smoothed"]
             else:
-                wall, ys = [t["step_s"] * (i + 1) for i in range(r["steps"])], curves[r["id"]]["smoothed"]
+                ys = curves[r.get("same_curve_as") or r["id"]]["smoothed"]
+                wall = [t["step_s"] * (i + 1) for i in range(r["steps"])]
             ax.plot(wall, ys, label=r["id"], color="k" if r["family"] == "dense" else None)
         ax.axhline(res["target_loss"], color="0.6", ls=":")
         ax.set_xscale("log"), ax.set_xlabel(f"wall time at {rate} (s)"), ax.set_ylabel("smoothed loss")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ds_gravac_bench.fidelity import build
+from ds_gravac_bench.fidelity import build, report
 from ds_gravac_bench.fidelity_output import markdown
 from ds_gravac_bench.report import smooth
 from ds_gravac_bench.systems import config_system, resolve_system, system_matrix
@@ -97,6 +97,8 @@ def test_ddp_fp32_takes_dense_curve_on_a_long_task_and_its_own_cluster_step(tmp_
     assert rows["ddp_dense"]["rates"]["1gbit"]["time_s"] == pytest.approx(1.5 * reach)
     assert rows["ddp_dense"]["rates"]["1gbit"]["speedup"] == pytest.approx(2.0 / 1.5)
     assert "ds_bf16" not in rows
+    report([loop], {"1gbit": [cluster]}, tmp_path / "report")              # the plots draw the borrowed row too
+    assert (tmp_path / "report" / "plots" / "loss_vs_time_1gbit.png").is_file()
     for name, extra in (("short", {"fidelity": {**task, "task": "mlp"}, "N": 2}), ("four", {"fidelity": task, "N": 4})):
         other = _write_run(tmp_path / name, "mlp", {
             "ds_dense": {"loss": DENSE, "time": 0.1, "bytes": 1000.0, "gravac": None}}, **extra)
