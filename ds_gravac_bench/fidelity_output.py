@@ -52,9 +52,9 @@ def markdown(res: dict[str, Any]) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     for f in res.get("failures", []):
         lines.append(f"| {f['id']} | failed (exit {f['returncode']}): {f['error'].replace('|', '/')} |")
+    clusters = ", ".join(f"{k} = {v}" for k, v in res["clusters"].items()) or "none"
     lines += ["", "Time to target: steps to target on the loopback curve × the system's median cluster step "
-              "(controllers — GraVAC, Accordion, auto: their own cluster run). Clusters: " + (", ".join(f"{k} = {v}" for k, v in
-                                                                        res["clusters"].items()) or "none") + "."]
+              f"(controllers — GraVAC, Accordion, auto: their own cluster run). Clusters: {clusters}."]
     return "\n".join(lines) + "\n"
 
 
