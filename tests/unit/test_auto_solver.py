@@ -111,6 +111,20 @@ def test_fixed_groups_keep_their_code_and_bad_input_is_refused() -> None:
         solve([[1.0]], [[0.0]], float("inf"))
 
 
+def test_dwell_never_holds_a_plan_predicted_slower_than_a_feasible_reference() -> None:
+    """A tight decision sends both groups dense; at the next, quiet one both still dwell, but the reference (both
+    compressed, 0.4 s) now fits the budget: holding the 2 s dense plan would be predicted slower than the plan the
+    controller promises never to lose to, so dwell gives way. While the reference does not fit, dwell holds."""
+    times, errors, reference = [[1.0, 0.2], [1.0, 0.2]], [[0.0, 1.0], [0.0, 1.0]], (1, 1)
+    h = Hysteresis(groups=2, min_gain=0.03, dwell=2)
+    codes, moved = h.step(0, reference, times, errors, budget=0.5, reference=reference)     # tight: violated
+    assert moved and codes == (0, 0)
+    held, moved = h.step(1, codes, times, errors, budget=1.0, reference=reference)   # reference (error 2) misfits
+    assert held == (0, 0) and not moved
+    codes, moved = h.step(1, held, times, errors, budget=2.0, reference=reference)   # quiet: the reference fits
+    assert moved and totals(times, errors, codes)[0] <= totals(times, errors, reference)[0]
+
+
 def test_hysteresis_needs_three_percent_or_a_violated_budget_and_keeps_dwelling_groups() -> None:
     times = [[1.00, 0.98, 0.50], [1.0, 0.5]]
     errors = [[0.0, 0.1, 1.0], [0.0, 1.0]]

@@ -253,7 +253,8 @@ def solve_view(times: Sequence[Sequence[float]], errors: Sequence[Sequence[float
 class Hysteresis:
     """When a new plan replaces the current one: only for a predicted gain of at least ``min_gain`` of the step,
     or when the current plan violates the budget; a group that changed less than ``dwell`` decisions ago keeps
-    its level (unless the budget is violated: then every group may move)."""
+    its level (unless the budget is violated, or holding it would leave the plan predicted slower than a reference
+    that fits the budget: then every group may move)."""
 
     groups: int
     min_gain: float = 0.03
@@ -275,6 +276,10 @@ class Hysteresis:
         fixed = {} if violated else {g: int(c) for g, c in enumerate(current)
                                      if decision - self.changed_at[g] < self.dwell}
         new = solve(times, errors, budget, reference=reference, fixed=fixed)
+        if fixed and reference is not None:
+            ref_t, ref_e = totals(times, errors, reference)
+            if ref_e <= budget and new.time > ref_t:      # dwell may delay a switch, never lose to the reference
+                new = solve(times, errors, budget, reference=reference)
         gain = (cur_t - new.time) / (compute_s + cur_t) if compute_s + cur_t > 0 else 0.0
         if tuple(new.codes) == tuple(current) or not (violated or gain >= self.min_gain):
             return tuple(int(c) for c in current), False
