@@ -66,7 +66,7 @@ def _table(dirs: Sequence[Path], clusters: dict[str, list[Path]]) -> dict[str, A
 def _with_rates(table: dict[str, Any], clusters: dict[str, list[Path]]) -> dict[str, Any]:
     """A kept report with its time to target at every rate of ``clusters``: it holds no loss curve, but each row's
     steps to target and section hash, and the cluster runs hold the sections, so the time is computed as
-    ``fidelity report`` computes it from runs (a GraVAC row from its own cluster run and the report's target)."""
+    ``fidelity report`` computes it from runs (a controller's row from its own cluster run and the report's target)."""
     if not clusters:
         return table
     at_rate = {}
