@@ -24,8 +24,9 @@ write-back (``post``) follow the wait for the last one. So
     step = compute + codec + max(0, end of the last collective − T_bwd − Σ pre),   T_bwd = share · compute
 
 and the exposed communication is that last term (``comm``; ``comm_total`` is all of it). Without a profile
-(``backward_share`` 0: inputs collected before this model) nothing overlaps and every second adds, as before. DeepSpeed's own dense step is one all-reduce of all gradients after backward
-(ready 1.0), with its flatten and copy-back priced as stage and write-back. Not modelled: gloo's threads taking
+(``backward_share`` 0: inputs collected before this model) nothing overlaps and every second adds, as before.
+DeepSpeed's own dense step is one all-reduce of all gradients after backward (ready 1.0), with its flatten and
+copy-back priced as stage and write-back. Not modelled: gloo's threads taking
 CPU from backward while they send (the measured compute of a run includes what they took), and PowerSGD's second
 round waiting on the orthogonalization between the rounds (its encode counts as ``pre``).
 """
