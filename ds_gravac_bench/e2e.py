@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import hashlib
 import json
 import os
 import platform
+import resource
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -205,18 +208,19 @@ def run_matrix(opts: argparse.Namespace) -> Path:
                 if extra:
                     print(f"[bench_e2e] {sid}: resuming after step {last_logged_step(log_dir)}", flush=True)
             print(f"[bench_e2e] {n + 1}/{len(ids)} {sid} ...", flush=True)
+            spent = _Spent()
             if spec.system in ("local", "local_engine"):
                 ports = [free_port() for _ in range(opts.ranks)]    # each process is rank 0 of its own port
                 rc, veth = run_compute_only(script, args, ports, opts.timeout, log_dir), 0
             else:
                 ports = [29500 + n] if cluster is not None else [free_port()]
                 rc, veth = _run_one(cluster, script, args, ddp, ports[0], opts.timeout, log_dir)
-            import hashlib
-            if every and veth and earlier.get(sid, {}).get("veth_bytes"):   # a continued cluster run: all its bytes
-                veth += earlier[sid]["veth_bytes"]
+            before = earlier.get(sid, {}) if every else {}   # a continued run: its bytes and cost add up
+            if veth and before.get("veth_bytes"):
+                veth += before["veth_bytes"]
             meta["systems"][sid] = {"returncode": rc, "veth_bytes": veth, "note": spec.note, "family": spec.family,
                                     "config_hash": hashlib.sha1(cfg_path.read_bytes()).hexdigest()[:12],
-                                    "ports": ports}
+                                    "ports": ports, **spent.total(before)}
             (out / "meta.json").write_text(json.dumps(meta, indent=1))
             if every and rc == 0:
                 prune(log_dir, opts.ranks)
@@ -226,6 +230,24 @@ def run_matrix(opts: argparse.Namespace) -> Path:
             cluster.__exit__(None, None, None)
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
     return out
+
+
+class _Spent:
+    """What one system's invocation cost the machine: wall seconds, and CPU seconds of every process it started
+    (all ranks; a child's CPU time counts once it has been waited for). ``total`` adds an earlier invocation's, so
+    a run continued over sessions reports its whole cost; an invocation killed by a signal records nothing."""
+
+    def __init__(self) -> None:
+        self.wall, self.cpu = time.monotonic(), self._children_cpu()
+
+    @staticmethod
+    def _children_cpu() -> float:
+        use = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return use.ru_utime + use.ru_stime
+
+    def total(self, earlier: dict[str, Any]) -> dict[str, float]:
+        return {"wall_s": round(time.monotonic() - self.wall + earlier.get("wall_s", 0.0), 1),
+                "cpu_s": round(self._children_cpu() - self.cpu + earlier.get("cpu_s", 0.0), 1)}
 
 
 def _earlier_systems(out: Path) -> dict[str, Any]:

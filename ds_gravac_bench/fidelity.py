@@ -20,17 +20,16 @@ Systems are ``bench_e2e`` matrix ids (``gv_powersgd_r16``, ``gv_topk_100@cf=50``
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ds_gravac_bench.fidelity_output import NOISE_CONTROL, markdown, plots
-from ds_gravac_bench.fidelity_time import first_eval_reach, first_reach, time_at_rate
-from ds_gravac_bench.gravac_label import run_section, system_label
-from ds_gravac_bench.report import SKIP_STEPS, read_steps, shown_path, smooth
+from ds_gravac_bench.fidelity_runs import SAME_SETTINGS, as_paths, cluster_runs, load_dirs, match_key
+from ds_gravac_bench.fidelity_time import adaptive, first_eval_reach, first_reach, quiet_counts, time_at_rate
+from ds_gravac_bench.gravac_label import system_label
+from ds_gravac_bench.report import shown_path
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET_FRACTION = 0.75          # dense's smoothed loss at 75% of the budget is the target (a task may set another)
@@ -50,6 +49,7 @@ class FidelityTask:
     top1_margin: Optional[float] = None        # the held-out target: dense's final top-1 minus this (0.005 = 0.5 pt)
     lr: Optional[float] = None                 # default: the model's dense config in ds_configs/
     same_curve: tuple[tuple[str, str], ...] = ()   # (system, source): its loss per step is source's (not trained)
+    controllers: tuple[str, ...] = ()          # what ``run --rate`` trains by default: whole runs on the cluster
 
 
 # The long regime (docs/BENCHMARKS_LONG.md): ResNet-18 on 100-class synthetic images with heavy noise, a fresh image
@@ -61,13 +61,16 @@ BASELINES = ("ds_dense", "ds_dense_jitter", "ds_fp16", "ds_bf16", "ddp_dense", "
 # hook (tests/launcher/test_baseline_systems.py): on the long tasks one of each pair is trained on loopback and the
 # other takes its loss per step (a run of its own, where one exists, wins); only its cluster step is its own
 SAME_CURVE = (("ddp_dense", "ds_dense"), ("ds_bf16", "ddp_bf16"))
-# the best static per family (gv_powersgd_r4, gv_topk_100) stand until the tuning sweep picks them; GraVAC with the
-# paper's settings (window 500, ε 0.7 and 0.9, Top-k 10…1000); Accordion; auto over each family it drives
+# the best static per family (gv_powersgd_r4, gv_topk_100) stand until the tuning sweep picks them
+OURS_STATIC = ("gv_default", "gv_powersgd_r4", "gv_topk_100")
+# GraVAC with the paper's settings (window 500, ε 0.7 and 0.9, Top-k 10…1000); Accordion; auto over PowerSGD
 PAPER_GRAVAC = ("gv_gravac@gravac.window=500", "gv_gravac@gravac.window=500@gravac.epsilon=0.9")
-OURS = ("gv_default", "gv_powersgd_r4", "gv_topk_100", *PAPER_GRAVAC, "gv_accordion_topk", "gv_auto", "gv_auto_qsgd",
-        "gv_auto_topk")
-
-LONG_SYSTEMS = tuple(s for s in BASELINES + OURS if s not in dict(SAME_CURVE))
+CONTROLLERS = (*PAPER_GRAVAC, "gv_accordion_topk", "gv_auto")
+# On the long tasks the controllers train only on the emulated cluster, once per rate (``fidelity run --rate``):
+# GraVAC and auto decide from the measured link, so no loopback run is their run at any rate, and Accordion needs
+# its whole run there for its time anyway. The screen runs them on loopback too, with auto over each family.
+LONG_SYSTEMS = tuple(s for s in BASELINES + OURS_STATIC if s not in dict(SAME_CURVE))
+SCREEN_SYSTEMS = LONG_SYSTEMS + CONTROLLERS + ("gv_auto_qsgd", "gv_auto_topk")
 
 
 def _schedule(steps: int, warmup: int, eval_every: int, eval_batches: int) -> tuple[str, ...]:
@@ -87,12 +90,13 @@ TASKS = {
                                      "gv_dgc_10_nomask")),
     "resnet18_long": FidelityTask("resnet18", 6000, LONG_SYSTEMS, lr=0.02, target_fraction=0.9,
                                   top1_margin=0.005, runner_extra=LONG_IMAGES + _schedule(6000, 300, 200, 40),
-                                  same_curve=SAME_CURVE),
+                                  same_curve=SAME_CURVE, controllers=CONTROLLERS),
     "lstm_long": FidelityTask("lstm", 2000, LONG_SYSTEMS, target_fraction=0.9,
                               runner_extra=("--lstm-size", "medium") + _schedule(2000, 100, 200, 20),
-                              same_curve=SAME_CURVE),
-    "mlp_screen": FidelityTask("mlp", 3000, LONG_SYSTEMS, lr=0.05, target_fraction=0.9, top1_margin=0.005,
-                               runner_extra=LONG_IMAGES + _schedule(3000, 150, 100, 40), same_curve=SAME_CURVE),
+                              same_curve=SAME_CURVE, controllers=CONTROLLERS),
+    "mlp_screen": FidelityTask("mlp", 3000, SCREEN_SYSTEMS, lr=0.05, target_fraction=0.9, top1_margin=0.005,
+                               runner_extra=LONG_IMAGES + _schedule(3000, 150, 100, 40), same_curve=SAME_CURVE,
+                               controllers=CONTROLLERS),
 }
 
 
@@ -100,14 +104,15 @@ TASKS = {
 
 
 def run(opts: argparse.Namespace) -> Path:
-    """All systems of one task on loopback, through ``bench_e2e`` (same loop, seed, data and base config)."""
+    """The systems of one task through ``bench_e2e`` (same loop, seed, data and base config): by default its systems
+    on loopback, or its controllers' whole runs on the emulated cluster at ``--rate``."""
     from ds_gravac_bench.e2e import run_matrix
 
     task = TASKS[opts.task]
     rate = getattr(opts, "rate", "loopback")
+    default = task.systems if rate == "loopback" or not task.controllers else task.controllers
     e2e = argparse.Namespace(model=task.model, rate=rate, ranks=2, steps=opts.steps or task.steps,
-                             systems=opts.systems or ",".join(task.systems), micro_batch=opts.micro_batch
-                             or task.micro_batch, lr=task.lr, epsilon=0.7, theta_min=10.0, ablation=None,
+                             systems=opts.systems or ",".join(default), micro_batch=opts.micro_batch or task.micro_batch, lr=task.lr, epsilon=0.7, theta_min=10.0, ablation=None,
                              tag=getattr(opts, "tag", 3),
                              timeout=opts.timeout, smoke=False, checkpoint_every=getattr(opts, "checkpoint_every", 0),
                              out=opts.out or ROOT / "runs" / (f"fidelity-{opts.task}-seed{opts.seed}"
@@ -152,67 +157,13 @@ def compressor_family(cls: type) -> str:
     return "sparsification"                  # selections: all-gathered pairs, or Random-k's shared indices
 
 
-def _curve(records: list[dict[str, Any]]) -> dict[str, Any]:
-    losses = [float(r["loss"]) for r in records if "loss" in r]
-    body = records[SKIP_STEPS:] or records
-    times = [float(r["time/step"]) for r in body if r.get("time/step") is not None]
-    sent = [float(r["bytes_sent"]) for r in records if r.get("bytes_sent") is not None]
-    evals = {k: v for r in records for k, v in r.items() if k.startswith("eval/")}
-    top1 = [(int(r.get("step", i + 1)), float(r["eval/top1"])) for i, r in enumerate(records) if "eval/top1" in r]
-    return {"loss": losses, "smoothed": smooth(losses), "times": [float(r.get("time/step") or 0) for r in records],
-            "median_step": statistics.median(times) if times else None,
-            "mean_bytes": statistics.fmean(sent) if sent else None, "eval": evals, "evals": top1}
-
-
-def _load_dir(path: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
-    meta = json.loads((path / "meta.json").read_text())
-    curves = {sid: {**_curve(read_steps(path / "systems" / sid / "steps.jsonl")), "family": m.get("family")}
-              for sid, m in meta["systems"].items()
-              if m.get("returncode", 0) == 0}       # a run that failed or was stopped has no comparable curve
-    return meta, curves
-
-
-SAME_SETTINGS = ("steps", "lr", "micro_batch", "runner_extra")     # what loopback runs merged together must share
-
-
-def _load_dirs(paths: Sequence[Path], same_settings: bool = False
-               ) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, Optional[dict[str, Any]]]]:
-    """Systems of several invocations of one model, first occurrence wins. Their dense reference curves must be
-    identical (runs are deterministic on one machine), or the merge would compare against different targets. With
-    ``same_settings`` (loopback runs made at different times, e.g. one long system per invocation) they must also
-    share budget, lr, micro batch and runner options — seed and task included — whether or not each ran dense."""
-    meta: dict[str, Any] = {}
-    curves: dict[str, dict[str, Any]] = {}
-    sections: dict[str, Optional[dict[str, Any]]] = {}
-    reference: Optional[list[float]] = None
-    for path in paths:
-        m, c = _load_dir(path)
-        if meta and m["model"] != meta["model"]:
-            raise SystemExit(f"fidelity: {path} trained {m['model']}, not {meta['model']}")
-        differ = [k for k in SAME_SETTINGS if meta and same_settings and m.get(k) != meta.get(k)]
-        if differ:
-            raise SystemExit(f"fidelity: {path} ran with other {', '.join(differ)} than {paths[0]} "
-                             f"({', '.join(f'{m.get(k)} vs {meta.get(k)}' for k in differ)}): not one comparison")
-        meta = meta or m
-        dense = next((c[sid]["loss"] for sid in ("ds_dense", "gv_dense") if sid in c and c[sid]["loss"]), None)
-        if dense is not None and reference is not None:
-            n = min(len(dense), len(reference))
-            if dense[:n] != reference[:n]:
-                raise SystemExit(f"fidelity: the dense loss curve of {path} differs from the first directory's; "
-                                 "runs from different machines or settings cannot be merged")
-        reference = reference or dense
-        for sid, curve in c.items():
-            if sid not in curves:
-                curves[sid], sections[sid] = curve, run_section(path, sid)
-    return meta, curves, sections
-
-
 def build(dirs: Sequence[Path] | Path, clusters: dict[str, Sequence[Path] | Path],
           target_fraction: Optional[float] = None) -> dict[str, Any]:
     """The fidelity table of the runs in ``dirs`` (loss per step), with step times from ``clusters`` (rate →
     bench_e2e directories on the emulated cluster). The loss target's fraction of the budget and the top-1 margin
-    come from the task the first directory ran (``meta["fidelity"]``), unless ``target_fraction`` is given."""
-    meta, curves, sections = _load_dirs(_paths(dirs), same_settings=True)
+    come from the task the first directory ran (``meta["fidelity"]``), unless ``target_fraction`` is given. A
+    controller trained only on the cluster (no loopback run) gets one row per rate, from its run there."""
+    meta, curves, sections = load_dirs(as_paths(dirs), same_settings=True)
     ref_id = "ds_dense" if "ds_dense" in curves else next((s for s in curves if _family(sections[s]) == "dense"),
                                                           None)
     if ref_id is None or not curves[ref_id]["smoothed"]:
@@ -223,34 +174,26 @@ def build(dirs: Sequence[Path] | Path, clusters: dict[str, Sequence[Path] | Path
     target = ref["smoothed"][max(0, int(fraction * len(ref["smoothed"])) - 1)]
     margin, dense_top1 = task.get("top1_margin"), ref["eval"].get("eval/top1")
     top1_target = dense_top1 - margin if margin is not None and dense_top1 is not None else None
-    cluster_curves = {rate: _cluster_runs(_paths(path)) for rate, path in clusters.items()}
+    cluster_curves = {rate: cluster_runs(as_paths(path)) for rate, path in clusters.items()}
     if meta.get("N") == 2:
         for sid, source in TASKS[task["task"]].same_curve if task.get("task") in TASKS else ():
             if sid not in curves and source in curves:
                 curves[sid], sections[sid] = {**curves[source], "same_curve_as": source}, sections[source]
+    targets = (ref, target, top1_target)
     rows = []
     for sid, c in curves.items():
         if not c["smoothed"] or sid.startswith("compute_only"):   # one rank alone: only its step time means something
             continue
-        n = min(len(c["smoothed"]), len(ref["smoothed"]))
-        reach = first_reach(c["smoothed"], target)
-        top1_reach = first_eval_reach(c["evals"], top1_target) if top1_target is not None else None
-        label = system_label(sid, sections[sid], len(c["smoothed"]))
-        if c.get("same_curve_as"):
-            label += f" (loss per step: {c['same_curve_as']}'s, bitwise equal at 2 ranks)"
-        row = {"id": sid, "label": label, "same_curve_as": c.get("same_curve_as"),
-               "family": _family(sections[sid], c.get("family")),
-               "section_hash": match_key(sid, sections[sid]), "steps": len(c["smoothed"]),
-               "final_loss": c["smoothed"][n - 1], "dense_loss": ref["smoothed"][n - 1],
-               "gap": c["smoothed"][n - 1] / ref["smoothed"][n - 1] - 1.0,
-               "bytes_ratio": c["mean_bytes"] / ref["mean_bytes"] if c["mean_bytes"] and ref["mean_bytes"] else None,
-               "rises": max(c["smoothed"]) > c["smoothed"][0] + 1e-12, "peak": max(c["smoothed"]),
-               "steps_to_target": reach, "steps_to_top1": top1_reach, "eval": c["eval"], "rates": {}}
+        row = _row(sid, c, sections[sid], targets)
         for rate, cl in cluster_curves.items():
             run = cl.get(sid) or cl.get(match_key(sid, sections[sid]))
-            row["rates"][rate] = time_at_rate(run, reach, sections[sid], target, top1_reach, top1_target)
+            row["rates"][rate] = time_at_rate(run, row["steps_to_target"], sections[sid], target,
+                                              row["steps_to_top1"], top1_target, row["quiet_steps"])
         row["verdict"] = _verdict(row, ref, ref_id)
         rows.append(row)
+    skipped: list[str] = []
+    for rate in clusters:
+        rows += _trained_at_rate(rate, as_paths(clusters[rate]), meta, rows, list(clusters), targets, skipped)
     for rate in clusters:
         dense = next((r["rates"][rate] for r in rows if r["id"] == ref_id), {})
         for r in rows:
@@ -258,11 +201,70 @@ def build(dirs: Sequence[Path] | Path, clusters: dict[str, Sequence[Path] | Path
             for key, out in (("time_s", "speedup"), ("top1_time_s", "top1_speedup")):
                 theirs = dense.get(key)
                 mine[out] = theirs / mine[key] if theirs and mine.get(key) else None
+    for r in rows:
+        if r.get("trained_at"):
+            r["verdict"] = _verdict(r, ref, ref_id)
     return {"model": meta["model"], "steps": meta["steps"], "reference": ref_id, "target_loss": target,
             "target_fraction": fraction, "top1_target": top1_target, "top1_margin": margin,
-            "noise_floor": _noise_floor(rows, ref_id), "failures": _failures(_paths(dirs), curves),
-            "env": meta.get("env"), "runs": [shown_path(p) for p in _paths(dirs)],
-            "clusters": {k: ", ".join(shown_path(p) for p in _paths(v)) for k, v in clusters.items()}, "systems": rows}
+            "noise_floor": _noise_floor(rows, ref_id), "failures": _failures(as_paths(dirs), curves),
+            "skipped": skipped, "env": meta.get("env"), "runs": [shown_path(p) for p in as_paths(dirs)],
+            "clusters": {k: ", ".join(shown_path(p) for p in as_paths(v)) for k, v in clusters.items()}, "systems": rows}
+
+
+def _row(sid: str, c: dict[str, Any], section: Optional[dict[str, Any]],
+         targets: tuple[dict[str, Any], float, Optional[float]]) -> dict[str, Any]:
+    """One system's figures against the reference curve: final loss and gap at equal steps, bytes, peak, steps to
+    the loss and held-out targets; ``rates`` is filled by the caller."""
+    ref, target, top1_target = targets
+    n = min(len(c["smoothed"]), len(ref["smoothed"]))
+    label = system_label(sid, section, len(c["smoothed"]))
+    if c.get("same_curve_as"):
+        label += f" (loss per step: {c['same_curve_as']}'s, bitwise equal at 2 ranks)"
+    row = {"id": sid, "label": label, "same_curve_as": c.get("same_curve_as"),
+           "family": _family(section, c.get("family")), "adaptive": adaptive(section),
+           "section_hash": match_key(sid, section), "steps": len(c["smoothed"]),
+           "final_loss": c["smoothed"][n - 1], "dense_loss": ref["smoothed"][n - 1],
+           "gap": c["smoothed"][n - 1] / ref["smoothed"][n - 1] - 1.0,
+           "bytes_ratio": c["mean_bytes"] / ref["mean_bytes"] if c["mean_bytes"] and ref["mean_bytes"] else None,
+           "rises": max(c["smoothed"]) > c["smoothed"][0] + 1e-12, "peak": max(c["smoothed"]),
+           "steps_to_target": first_reach(c["smoothed"], target),
+           "steps_to_top1": first_eval_reach(c["evals"], top1_target) if top1_target is not None else None,
+           "eval": c["eval"], "rates": {}}
+    row["quiet_steps"] = quiet_counts(c["sent"], row["steps_to_target"], row["steps_to_top1"])
+    return row
+
+
+def _trained_at_rate(rate: str, paths: list[Path], meta: dict[str, Any], rows: list[dict[str, Any]],
+                     rates: list[str], targets: tuple[dict[str, Any], float, Optional[float]],
+                     skipped: list[str]) -> list[dict[str, Any]]:
+    """Rows of the controllers that trained only on the emulated cluster at ``rate`` (GraVAC and auto decide from
+    the measured link, so their loopback run would not be their run at any rate): loss, held-out metric and time
+    all from that run, id ``<system> at <rate>``. A cluster directory whose budget, lr, micro batch or runner
+    options (seed included) differ from the loopback runs' is a different comparison: its controllers are listed
+    in ``skipped`` with the reason, never compared."""
+    have = {r["id"] for r in rows} | {r["section_hash"] for r in rows}
+    out = []
+    for path in paths:
+        cmeta, ccurves, csections = load_dirs([path])
+        for sid, c in ccurves.items():
+            section = csections[sid]
+            if not adaptive(section) or sid in have or match_key(sid, section) in have or not c["smoothed"]:
+                continue
+            differ = [k for k in SAME_SETTINGS if cmeta.get(k) != meta.get(k)]
+            if differ:
+                skipped.append(f"{sid} at {rate} ({shown_path(path)}): other {', '.join(differ)} than the loopback "
+                               "runs")
+                continue
+            row = _row(sid, c, section, targets)
+            row.update(id=f"{sid} at {rate}", label=f"{row['label']} at {rate}", trained_at=rate, system=sid,
+                       section_hash=f"{row['section_hash']}@{rate}")
+            row["rates"] = {r: {"step_s": None, "time_s": None, "top1_time_s": None, "source": f"trained at {rate}"}
+                            for r in rates}
+            row["rates"][rate] = time_at_rate(c, row["steps_to_target"], section, targets[1], row["steps_to_top1"],
+                                              targets[2])
+            have.add(match_key(sid, section))
+            out.append(row)
+    return out
 
 
 def _noise_floor(rows: list[dict[str, Any]], ref_id: str) -> Optional[dict[str, Any]]:
@@ -293,27 +295,6 @@ def _last_error(system_dir: Path) -> str:
     lines = log.read_text(errors="replace").splitlines() if log.exists() else []
     hits = [ln.strip() for ln in lines if "Error" in ln or "error:" in ln or "EnforceNotMet" in ln]
     return (hits or lines or ["no log"])[-1][:300]
-
-
-def _cluster_runs(paths: Sequence[Path]) -> dict[str, dict[str, Any]]:
-    """A rate's cluster runs by id, and by the hash of what they train: a loopback system finds its cluster run
-    also when that ran the same section under another id (``cfg:…recommended.json`` against ``gv_topk_10``)."""
-    _, curves, sections = _load_dirs(paths)
-    by_section = {match_key(sid, sections[sid]): curve for sid, curve in reversed(list(curves.items()))}
-    return {**by_section, **curves}
-
-
-def _paths(value: Sequence[Path] | Path) -> list[Path]:
-    return [value] if isinstance(value, Path) else list(value)
-
-
-def match_key(sid: str, section: Optional[dict[str, Any]]) -> str:
-    """What a system trains, independent of its id: the same "gravac" section run under two ids (a matrix id and a
-    ``cfg:`` file) gets one hash, so runs of several seeds or a cluster run can be matched on it. Systems without a
-    section (DeepSpeed's and DDP's own paths) differ in more than a section, so they keep their id."""
-    if section is None:
-        return f"id:{sid}"
-    return hashlib.sha1(json.dumps(section, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def _verdict(row: dict[str, Any], ref: dict[str, Any], ref_id: str) -> str:
@@ -361,7 +342,7 @@ def report(dirs: Sequence[Path], clusters: dict[str, list[Path]], out: Path) -> 
     out.mkdir(parents=True, exist_ok=True)
     (out / "fidelity.json").write_text(json.dumps(res, indent=1))
     (out / "fidelity.md").write_text(markdown(res))
-    plots(res, out / "plots", _load_dirs(dirs)[1], {k: _cluster_runs(_paths(v)) for k, v in clusters.items()})
+    plots(res, out / "plots", load_dirs(dirs)[1], {k: cluster_runs(as_paths(v)) for k, v in clusters.items()})
     return res
 
 

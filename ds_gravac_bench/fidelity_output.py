@@ -53,8 +53,11 @@ def markdown(res: dict[str, Any]) -> str:
     for f in res.get("failures", []):
         lines.append(f"| {f['id']} | failed (exit {f['returncode']}): {f['error'].replace('|', '/')} |")
     clusters = ", ".join(f"{k} = {v}" for k, v in res["clusters"].items()) or "none"
+    for note in res.get("skipped", []):
+        lines.append(f"| {note.split(' (')[0]} | not compared: {note.replace('|', '/')} |")
     lines += ["", "Time to target: steps to target on the loopback curve × the system's median cluster step "
-              f"(controllers — GraVAC, Accordion, auto: their own cluster run). Clusters: {clusters}."]
+              f"(controllers — GraVAC, Accordion, auto: their own cluster run; a row \"X at RATE\" trained only "
+              f"there, loss, held-out metric and time). Clusters: {clusters}."]
     return "\n".join(lines) + "\n"
 
 
@@ -71,7 +74,7 @@ def plots(res: dict[str, Any], outdir: Path, curves: dict[str, dict[str, Any]],
     for ax, fam in zip(axes[0], families):
         for r in res["systems"]:
             if r["family"] in (fam, "dense") and not r.get("same_curve_as"):     # a borrowed curve: drawn once
-                ax.plot(range(1, r["steps"] + 1), curves[r["id"]]["smoothed"], label=r["id"],
+                ax.plot(range(1, r["steps"] + 1), _row_curve(r, curves, cluster_curves)["smoothed"], label=r["id"],
                         color="k" if r["family"] == "dense" else None)
         ax.axhline(res["target_loss"], color="0.6", ls=":")
         ax.set_title(fam), ax.set_xlabel("step"), ax.set_ylabel("smoothed loss"), ax.legend(fontsize=6)
@@ -82,7 +85,8 @@ def plots(res: dict[str, Any], outdir: Path, curves: dict[str, dict[str, Any]],
             t = r["rates"][rate]
             if t["step_s"] is None:
                 continue
-            run = cluster_curves[rate].get(r["id"]) or cluster_curves[rate].get(r["section_hash"])
+            run = (cluster_curves[rate].get(r.get("system", r["id"]))
+                   or cluster_curves[rate].get(r["section_hash"]))
             if t["source"] == "cluster run" and run:
                 wall, ys = list(itertools.accumulate(run["times"])), run["smoothed"]
             else:
@@ -91,5 +95,15 @@ def plots(res: dict[str, Any], outdir: Path, curves: dict[str, dict[str, Any]],
             ax.plot(wall, ys, label=r["id"], color="k" if r["family"] == "dense" else None)
         ax.axhline(res["target_loss"], color="0.6", ls=":")
         ax.set_xscale("log"), ax.set_xlabel(f"wall time at {rate} (s)"), ax.set_ylabel("smoothed loss")
-        ax.legend(fontsize=6), fig.tight_layout(), fig.savefig(outdir / f"loss_vs_time_{rate}.png", dpi=110)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=6)
+        fig.tight_layout(), fig.savefig(outdir / f"loss_vs_time_{rate}.png", dpi=110)
         plt.close(fig)
+
+
+def _row_curve(row: dict[str, Any], curves: dict[str, dict[str, Any]],
+               cluster_curves: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    """The curve a row was computed from: its loopback run, the run it borrows, or its run on the cluster."""
+    if row.get("trained_at"):
+        return cluster_curves[row["trained_at"]][row["system"]]
+    return curves[row.get("same_curve_as") or row["id"]]

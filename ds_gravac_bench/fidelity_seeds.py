@@ -27,7 +27,8 @@ import statistics
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from ds_gravac_bench.fidelity import _cluster_runs, _load_dirs, build, cluster_arg, clusters_of, judged, match_key
+from ds_gravac_bench.fidelity import build, cluster_arg, clusters_of, judged
+from ds_gravac_bench.fidelity_runs import cluster_runs, load_dirs, match_key
 from ds_gravac_bench.fidelity_output import NOISE_CONTROL
 from ds_gravac_bench.fidelity_time import time_at_rate
 from ds_gravac_bench.report import shown_path
@@ -71,16 +72,19 @@ def _with_rates(table: dict[str, Any], clusters: dict[str, list[Path]]) -> dict[
         return table
     at_rate = {}
     for rate, paths in clusters.items():
-        sections = _load_dirs(paths)[2]
-        at_rate[rate] = (_cluster_runs(paths), {match_key(sid, sec): sec for sid, sec in sections.items()})
+        sections = load_dirs(paths)[2]
+        at_rate[rate] = (cluster_runs(paths), {match_key(sid, sec): sec for sid, sec in sections.items()})
     rows = []
     for row in table["systems"]:
+        if row.get("trained_at"):          # its time is its own run's, kept in the report
+            rows.append(row)
+            continue
         rates = dict(row.get("rates", {}))
         for rate, (runs, section_of) in at_rate.items():
             section = section_of.get(row.get("section_hash", ""))
             run = runs.get(row["id"]) or runs.get(match_key(row["id"], section))
             rates[rate] = time_at_rate(run, row["steps_to_target"], section, table["target_loss"],
-                                       row.get("steps_to_top1"), table.get("top1_target"))
+                                       row.get("steps_to_top1"), table.get("top1_target"), row.get("quiet_steps"))
         rows.append({**row, "rates": rates})
     return {**table, "systems": rows}
 
@@ -114,7 +118,8 @@ def combine(seeds: Sequence[Sequence[Path]], clusters: Optional[dict[str, list[P
         dense_top1 = _mean([d["eval"].get("eval/top1") for d in dense])
         ppl = _mean([r["eval"].get("eval/ppl") for r in per])
         dense_ppl = _mean([d["eval"].get("eval/ppl") for d in dense])
-        row = {"id": sid, "also": sorted({r["id"] for r in per} - {sid}), "family": per[0]["family"], "gaps": [r["gap"] for r in per],
+        row = {"id": sid, "also": sorted({r["id"] for r in per} - {sid}), "family": per[0]["family"],
+               "adaptive": per[0].get("adaptive", False), "gaps": [r["gap"] for r in per],
                "steps_to_target": [r["steps_to_target"] for r in per],
                "dense_steps_to_target": [d["steps_to_target"] for d in dense],
                "final_loss": final, "dense_loss": dense_final, "gap": final / dense_final - 1.0,

@@ -8,14 +8,13 @@ Why: a "best static" chosen on the seeds it is then judged on is flattered by th
 every grid system on each tuning seed (``fidelity run``), combines the seeds as ``fidelity_seeds`` does, and per
 family keeps the level that meets the accuracy bounds on the means and reaches dense's target soonest: the shortest
 mean time to target at the first ``--cluster`` rate when given, else the fewest mean steps to target (ties: fewer
-bytes). The evaluation seeds then run only the picks. The sweep's cost is the CPU time of every process it started
-(user + system, all ranks), written beside the picks.
+bytes). The evaluation seeds then run only the picks. The sweep's cost is the CPU and wall time of every run
+(user + system, all ranks, summed over the invocations of a continued run), written beside the picks.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import resource
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -23,11 +22,14 @@ from ds_gravac_bench.fidelity import TASKS, cluster_arg, clusters_of
 from ds_gravac_bench.fidelity_seeds import combine
 
 COMPRESSED = ("sparsification", "low-rank", "quantization")
+LOCAL_SGD = "ddp_localsgd"      # post-local SGD's period is tuned as a family's level is
 
 
-def _children_cpu_s() -> float:
-    use = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return use.ru_utime + use.ru_stime
+def runs_cost(dirs: Sequence[Path]) -> dict[str, float]:
+    """CPU and wall seconds of every system in ``dirs``, as ``bench_e2e`` recorded them (summed over the
+    invocations of a continued run)."""
+    systems = [m for d in dirs for m in json.loads((d / "meta.json").read_text())["systems"].values()]
+    return {"cpu_s": sum(m.get("cpu_s", 0.0) for m in systems), "wall_s": sum(m.get("wall_s", 0.0) for m in systems)}
 
 
 def _key(row: dict[str, Any], rate: Optional[str]) -> tuple[float, float]:
@@ -42,33 +44,42 @@ def _key(row: dict[str, Any], rate: Optional[str]) -> tuple[float, float]:
 
 def pick(res: dict[str, Any], rate: Optional[str] = None) -> dict[str, Optional[dict[str, Any]]]:
     """Family → the best static level of a :func:`ds_gravac_bench.fidelity_seeds.combine` result (None when no level
-    of that family meets the bounds on the means). GraVAC and Accordion rows adapt; they are not static levels."""
+    of that family meets the bounds on the means), and post-local SGD's best period among its ``ddp_localsgd@period=P``
+    rows. Controllers (GraVAC, Accordion, auto) adapt; they are not static levels."""
     out: dict[str, Optional[dict[str, Any]]] = {}
     for family in COMPRESSED:
         rows = [r for r in res["systems"] if r["family"] == family and r["verdict"] == "ok"
-                and "gravac" not in r["id"] and "accordion" not in r["id"]]
-        seen = any(r["family"] == family for r in res["systems"])
-        if seen:
-            best = min(rows, key=lambda r: _key(r, rate)) if rows else None
-            out[family] = None if best is None else {"id": best["id"], "sort_key": list(_key(best, rate))}
+                and not r.get("adaptive") and "gravac" not in r["id"] and "accordion" not in r["id"]]
+        if any(r["family"] == family for r in res["systems"]):
+            out[family] = _best(rows, rate)
+    periods = [r for r in res["systems"] if r["id"].startswith(LOCAL_SGD)]
+    if periods:
+        out[LOCAL_SGD] = _best([r for r in periods if r["verdict"] == "baseline: ok"], rate)
     return out
 
 
+def _best(rows: list[dict[str, Any]], rate: Optional[str]) -> Optional[dict[str, Any]]:
+    best = min(rows, key=lambda r: _key(r, rate)) if rows else None
+    return None if best is None else {"id": best["id"], "sort_key": list(_key(best, rate))}
+
+
 def sweep(task: str, seeds: Sequence[int], grid: Sequence[str], out: Path, clusters: dict[str, list[Path]],
-          timeout: float) -> dict[str, Any]:
+          timeout: float, checkpoint_every: int = 0) -> dict[str, Any]:
+    """Dense and the grid on each tuning seed, then the picks; with ``checkpoint_every`` the same call again skips
+    finished runs and resumes the others (a long task's sweep outlasts a session; its cost sums every invocation's)."""
     from ds_gravac_bench.fidelity import run
 
-    before = _children_cpu_s()
     dirs = []
     for seed in seeds:
         d = out / f"seed{seed}"
         run(argparse.Namespace(task=task, steps=None, systems=",".join(["ds_dense", *grid]), micro_batch=None,
-                               timeout=timeout, seed=seed, out=str(d)))
+                               timeout=timeout, seed=seed, out=str(d),
+                               checkpoint_every=checkpoint_every))
         dirs.append([d])
     res = combine(dirs, clusters)
     rate = next(iter(clusters), None)
     return {"task": task, "tune_seeds": list(seeds), "grid": list(grid), "rate": rate,
-            "cpu_s": _children_cpu_s() - before, "picks": pick(res, rate), "seeds": res}
+            **runs_cost([d for (d,) in dirs]), "picks": pick(res, rate), "seeds": res}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
@@ -80,13 +91,16 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ap.add_argument("--cluster", action="append", type=cluster_arg, default=[], metavar="RATE=DIR",
                     help="pick on the mean time to target at the first RATE given (default: steps to target)")
     ap.add_argument("--timeout", type=float, default=300000.0)
+    ap.add_argument("--checkpoint-every", type=int, default=0, metavar="K",
+                    help="checkpoint every K steps; the same command again skips finished runs and resumes the others")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     out = Path(a.out)
-    res = sweep(a.task, a.tune_seeds, a.grid.split(","), out, clusters_of(a.cluster), a.timeout)
+    res = sweep(a.task, a.tune_seeds, a.grid.split(","), out, clusters_of(a.cluster), a.timeout,
+                a.checkpoint_every)
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.json").write_text(json.dumps(res, indent=1))
-    print(json.dumps({"picks": res["picks"], "cpu_s": round(res["cpu_s"], 1)}, indent=1))
+    print(json.dumps({"picks": res["picks"], "cpu_s": res["cpu_s"], "wall_s": res["wall_s"]}, indent=1))
 
 
 if __name__ == "__main__":

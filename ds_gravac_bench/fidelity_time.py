@@ -37,12 +37,25 @@ def adaptive(section: Optional[dict[str, Any]]) -> bool:
         return section.get("mode", "static") != "static"
 
 
+def quiet_counts(sent: list[Optional[float]], steps_to_target: Optional[int],
+                 steps_to_top1: Optional[int]) -> Optional[dict[str, Any]]:
+    """How many of a run's steps sent nothing (post-local SGD between two averages): in all, and before each
+    target; None when every step sent something."""
+    quiet = [b == 0 for b in sent]
+    if not any(quiet):
+        return None
+    return {"all": sum(quiet), "steps": len(quiet),
+            "to_target": sum(quiet[:steps_to_target]) if steps_to_target else None,
+            "to_top1": sum(quiet[:steps_to_top1]) if steps_to_top1 else None}
+
+
 def time_at_rate(run: Optional[dict[str, Any]], steps_to_target: Optional[int], section: Optional[dict[str, Any]],
-                 target: float, steps_to_top1: Optional[int] = None,
-                 top1_target: Optional[float] = None) -> dict[str, Any]:
+                 target: float, steps_to_top1: Optional[int] = None, top1_target: Optional[float] = None,
+                 quiet: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """Step time and time to each target of one system at one rate (see ds_gravac_bench.fidelity's docstring). A
     controller that changes levels (GraVAC, Accordion, auto) has no one step time, and GraVAC and auto decide from
-    the measured link, so its times come from its own cluster run."""
+    the measured link, so its times come from its own cluster run. ``quiet`` (:func:`quiet_counts` of the loopback
+    run) prices the steps that send nothing apart from those that do."""
     if run is None or run["median_step"] is None:
         return {"step_s": None, "time_s": None, "top1_time_s": None, "source": "no cluster run"}
     if adaptive(section):
@@ -50,6 +63,8 @@ def time_at_rate(run: Optional[dict[str, Any]], steps_to_target: Optional[int], 
         top1_reach = first_eval_reach(run["evals"], top1_target) if top1_target is not None else None
         return {"step_s": run["median_step"], "time_s": sum(run["times"][:reach]) if reach else None,
                 "top1_time_s": sum(run["times"][:top1_reach]) if top1_reach else None, "source": "cluster run"}
+    if quiet:
+        return time_with_quiet_steps(run, steps_to_target, steps_to_top1, quiet)
     warmup = int((section or {}).get("warmup_steps", 0))
     if warmup:
         out = time_with_dense_start(run, steps_to_target, warmup)
@@ -75,3 +90,26 @@ def time_with_dense_start(run: dict[str, Any], steps_to_target: Optional[int], w
               if steps_to_target else None)
     return {"step_s": step_s, "dense_start_step_s": dense_s, "time_s": time_s,
             "source": f"{warmup} dense steps × cluster dense step + the rest × cluster step"}
+
+
+def time_with_quiet_steps(run: dict[str, Any], steps_to_target: Optional[int], steps_to_top1: Optional[int],
+                          quiet: dict[str, Any]) -> dict[str, Any]:
+    """A system that sends nothing on some steps (post-local SGD: a parameter average every P steps, local steps
+    between): a median over all its cluster steps would price every step as a local one. The loopback run's steps
+    that sent something are priced at the cluster run's median such step, its quiet steps at the median quiet step
+    (past the first ``SKIP_STEPS``); the cluster run must hold both kinds (at least P + ``SKIP_STEPS`` steps)."""
+    body = list(zip(run["times"], run.get("sent") or []))[SKIP_STEPS:]
+    sending, silent = [t for t, b in body if b], [t for t, b in body if b == 0]
+    if not sending or not silent:
+        return {"step_s": None, "time_s": None, "top1_time_s": None,
+                "source": f"cluster run of {len(run['times'])} steps lacks a step that "
+                          + ("sends" if not sending else "sends nothing")}
+    send_s, quiet_s = statistics.median(sending), statistics.median(silent)
+
+    def cost(steps: Optional[int], n_quiet: Optional[int]) -> Optional[float]:
+        return (steps - n_quiet) * send_s + n_quiet * quiet_s if steps and n_quiet is not None else None
+
+    return {"step_s": cost(quiet["steps"], quiet["all"]) / quiet["steps"], "send_step_s": send_s,
+            "quiet_step_s": quiet_s, "time_s": cost(steps_to_target, quiet["to_target"]),
+            "top1_time_s": cost(steps_to_top1, quiet["to_top1"]),
+            "source": "loopback steps that send × cluster sending step + quiet steps × cluster quiet step"}

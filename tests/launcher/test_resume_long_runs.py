@@ -91,8 +91,11 @@ def test_killed_long_run_continues_from_its_checkpoint(tmp_path: Path, rate: str
         assert records[step - 1]["loss"] == old["loss"], step
         assert records[step - 1]["bytes_sent"] == old["bytes_sent"], step
     assert sorted(p.name for p in (log / "ckpt").iterdir() if p.is_dir()) == [f"step{STEPS}"]
-    assert json.loads((out / "meta.json").read_text())["systems"][SYSTEM]["returncode"] == 0
+    recorded = json.loads((out / "meta.json").read_text())["systems"][SYSTEM]
+    assert recorded["returncode"] == 0
+    assert recorded["cpu_s"] > 0 and recorded["wall_s"] > 0     # the cost of the invocation that finished it
     if rate == "loopback":      # the third invocation's skip is the same code path on the cluster
         third = subprocess.run(_command(out), cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
         assert third.returncode == 0 and f"{SYSTEM}: finished by an earlier invocation" in third.stdout
         assert _records(log) == records
+        assert json.loads((out / "meta.json").read_text())["systems"][SYSTEM] == recorded

@@ -15,7 +15,8 @@ from ds_gravac_bench.systems import config_system, resolve_system, system_matrix
 
 def _write_run(root: Path, model: str, systems: dict[str, dict], **meta_extra: object) -> Path:
     """A bench_e2e-shaped directory: meta.json, configs/<id>.json, systems/<id>/steps.jsonl. A system may give
-    ``evals`` (step → eval metrics), a declared ``family`` and a ``returncode`` (then ``log`` is its log.txt)."""
+    ``evals`` (step → eval metrics), a declared ``family`` and a ``returncode`` (then ``log`` is its log.txt);
+    ``time`` and ``bytes`` are one value for every step or a list of per-step values."""
     (root / "configs").mkdir(parents=True)
     meta = {"model": model, "steps": max(len(s["loss"]) for s in systems.values()), "env": {}, "systems": {},
             **meta_extra}
@@ -26,7 +27,8 @@ def _write_run(root: Path, model: str, systems: dict[str, dict], **meta_extra: o
         d = root / "systems" / sid
         d.mkdir(parents=True)
         recs = [{"step": i + 1, "loss": loss, "time/step": s["time"][i] if isinstance(s["time"], list) else s["time"],
-                 "bytes_sent": s["bytes"]} for i, loss in enumerate(s["loss"])]
+                 "bytes_sent": s["bytes"][i] if isinstance(s["bytes"], list) else s["bytes"]}
+                for i, loss in enumerate(s["loss"])]
         if s.get("eval"):
             recs[-1].update(s["eval"])
         for step, metrics in s.get("evals", {}).items():
@@ -374,3 +376,90 @@ def test_a_gravac_row_whose_window_is_never_reached_is_labelled_static(dirs: tup
     labels = {r["id"]: r["label"] for r in build(loop, {})["systems"]}
     assert labels["gv_gravac"].startswith("gv_gravac (window never reached: static")
     assert labels["gv_topk_100"] == "gv_topk_100" and labels["ds_dense"] == "ds_dense"
+
+
+def test_a_controller_trained_only_on_the_cluster_gets_a_row_per_rate(tmp_path: Path) -> None:
+    """auto and GraVAC decide from the measured link, so on the long tasks they train only on the cluster: each
+    rate's run is a row of its own — loss, held-out top-1 and time all from that run — and a run of other settings
+    (another budget here) is listed as not compared instead of being judged against this dense run."""
+    auto = {"mode": "auto", "compressor": "powersgd"}
+    loop = _write_run(tmp_path / "loop", "mlp", {
+        "ds_dense": {"loss": DENSE, "time": 0.1, "bytes": 1000.0, "gravac": None, "eval": {"eval/top1": 0.9}}})
+    fast = _write_run(tmp_path / "c1g", "mlp", {
+        "ds_dense": {"loss": DENSE, "time": 1.0, "bytes": 1000.0, "gravac": None},
+        "gv_auto": {"loss": DENSE, "time": [3.0] * 10 + [0.5] * 90, "bytes": 10.0, "gravac": auto,
+                    "eval": {"eval/top1": 0.9}}})
+    slow = _write_run(tmp_path / "c100m", "mlp", {
+        "gv_auto": {"loss": SLOW, "time": 0.2, "bytes": 10.0, "gravac": auto, "eval": {"eval/top1": 0.5}}})
+    short = _write_run(tmp_path / "c10g", "mlp", {
+        "gv_auto": {"loss": DENSE[:50], "time": 0.1, "bytes": 10.0, "gravac": auto}})
+    clusters = {"1gbit": [fast], "100mbit": [slow], "10gbit": [short]}
+    res = build(loop, clusters)
+    rows = {r["id"]: r for r in res["systems"]}
+    assert set(rows) == {"ds_dense", "gv_auto at 1gbit", "gv_auto at 100mbit"}
+    reach = rows["ds_dense"]["steps_to_target"]
+    at_1g, at_100m = rows["gv_auto at 1gbit"], rows["gv_auto at 100mbit"]
+    assert at_1g["steps_to_target"] == reach and at_1g["eval"] == {"eval/top1": 0.9}
+    assert at_1g["rates"]["1gbit"]["time_s"] == pytest.approx(3.0 * 10 + 0.5 * (reach - 10))
+    assert at_1g["rates"]["1gbit"]["speedup"] == pytest.approx(reach / (30.0 + 0.5 * (reach - 10)))
+    assert at_1g["rates"]["100mbit"]["time_s"] is None and at_1g["verdict"] == "ok"
+    assert at_100m["steps_to_target"] is None and at_100m["final_loss"] == pytest.approx(smooth(SLOW)[-1])
+    assert at_100m["verdict"].startswith("loss +") and "top-1" in at_100m["verdict"]
+    assert at_1g["section_hash"].endswith("@1gbit") and at_1g["section_hash"] != at_100m["section_hash"]
+    assert len(res["skipped"]) == 1 and res["skipped"][0].startswith("gv_auto at 10gbit (c10g): other steps")
+    md = markdown(res)
+    assert "| gv_auto at 10gbit | not compared:" in md and "gv_auto" in md
+    report([loop], clusters, tmp_path / "report")                   # both plots draw the rows from their runs
+    assert (tmp_path / "report" / "plots" / "loss_vs_time_100mbit.png").is_file()
+
+
+def test_long_tasks_train_static_systems_on_loopback_and_controllers_on_the_cluster() -> None:
+    """Each long task's loopback systems change no level over training, and what ``run --rate`` trains by default
+    are controllers, judged by the same rule the report uses to time them by their own run."""
+    from ds_gravac_bench.fidelity import TASKS
+    from ds_gravac_bench.fidelity_time import adaptive
+
+    for name in ("resnet18_long", "lstm_long"):
+        task = TASKS[name]
+
+        def section(sid: str) -> dict | None:
+            return resolve_system(system_matrix(task.steps), sid).gravac
+
+        assert not any(adaptive(section(s)) for s in task.systems), name
+        assert task.controllers and all(adaptive(section(s)) for s in task.controllers), name
+        assert "gv_auto" in task.controllers and "gv_accordion_topk" in task.controllers
+
+
+def test_post_local_sgd_prices_its_averaging_steps_apart_from_its_local_steps(tmp_path: Path) -> None:
+    """Post-local SGD with period 4 sends on every fourth step and nothing between: its cluster run's median step
+    is a local one (0.1 s), which would price the 4.1 s averages at 0.1 s. Each loopback step that sent is priced
+    at the median sending step, each quiet one at the median quiet step; a cluster run without an average past the
+    skipped steps cannot price it and says so. Kept reports price it the same way."""
+    def periodic(n: int, send: float, quiet: float) -> list[float]:
+        return [send if (i + 1) % 4 == 0 else quiet for i in range(n)]
+
+    loop = _write_run(tmp_path / "loop", "mlp", {
+        "ds_dense": {"loss": DENSE, "time": 0.1, "bytes": 1000.0, "gravac": None},
+        "ddp_localsgd": {"loss": DENSE, "time": 0.1, "bytes": periodic(100, 1000.0, 0.0), "family": "baseline"}})
+    cluster = _write_run(tmp_path / "c", "mlp", {
+        "ds_dense": {"loss": DENSE[:20], "time": 4.0, "bytes": 1000.0, "gravac": None},
+        "ddp_localsgd": {"loss": DENSE[:20], "time": periodic(20, 4.1, 0.1), "bytes": periodic(20, 1000.0, 0.0),
+                         "family": "baseline"}})
+    too_short = _write_run(tmp_path / "short", "mlp", {
+        "ddp_localsgd": {"loss": DENSE[:3], "time": 0.1, "bytes": periodic(3, 1000.0, 0.0), "family": "baseline"}})
+    res = build(loop, {"1gbit": cluster, "100mbit": too_short})
+    row = {r["id"]: r for r in res["systems"]}["ddp_localsgd"]
+    reach = row["steps_to_target"]
+    sends = reach // 4
+    t = row["rates"]["1gbit"]
+    assert row["quiet_steps"] == {"all": 75, "steps": 100, "to_target": reach - sends, "to_top1": None}
+    assert t["time_s"] == pytest.approx(sends * 4.1 + (reach - sends) * 0.1)
+    assert t["step_s"] == pytest.approx((25 * 4.1 + 75 * 0.1) / 100)
+    assert t["speedup"] == pytest.approx(reach * 4.0 / t["time_s"])
+    assert row["rates"]["100mbit"]["time_s"] is None and "lacks a step that sends" in row["rates"]["100mbit"]["source"]
+    from ds_gravac_bench.fidelity_seeds import combine
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "fidelity.json").write_text(json.dumps(build(loop, {})))
+    again = {r["id"]: r for r in combine([[kept]], {"1gbit": [cluster]})["systems"]}["ddp_localsgd"]
+    assert again["time_s"] == {"1gbit": pytest.approx(t["time_s"])}

@@ -244,3 +244,49 @@ def test_the_summary_names_seeds_without_absolute_paths(tmp_path: Path, monkeypa
     monkeypatch.chdir(tmp_path / "runs")
     res = combine([[s0.resolve()], [s1.resolve()]])
     assert res["seeds"] == [["s0"], ["s1"]] and str(tmp_path) not in json.dumps(res)
+
+
+def test_a_controller_trained_on_the_cluster_pairs_its_seeds_per_rate(tmp_path: Path) -> None:
+    """Each seed's run of auto at 1 Gbit/s is one sample of the row ``gv_auto at 1gbit``; a kept report built with
+    its clusters keeps that row's time when the seeds are combined with clusters again."""
+    from test_fidelity_report import DENSE, SLOW, _write_run
+
+    from ds_gravac_bench.fidelity import build
+
+    auto = {"mode": "auto", "compressor": "powersgd"}
+
+    def seed(name: str, auto_loss: list[float], step_s: float) -> tuple[Path, Path]:
+        extra = {"runner_extra": ["--seed", name]}
+        loop = _write_run(tmp_path / name / "loop", "mlp", {
+            "ds_dense": {"loss": DENSE, "time": 0.1, "bytes": 1000.0, "gravac": None}}, **extra)
+        cluster = _write_run(tmp_path / name / "c1g", "mlp", {
+            "ds_dense": {"loss": DENSE, "time": 1.0, "bytes": 1000.0, "gravac": None},
+            "gv_auto": {"loss": auto_loss, "time": step_s, "bytes": 10.0, "gravac": auto}}, **extra)
+        return loop, cluster
+
+    (loop_a, c_a), (loop_b, c_b) = seed("a", DENSE, 0.25), seed("b", SLOW, 0.5)
+    rows = {r["id"]: r for r in combine([[loop_a], [loop_b]], {"1gbit": [c_a, c_b]})["systems"]}
+    auto_row = rows["gv_auto at 1gbit"]                     # each seed finds its own run among both
+    reach = auto_row["dense_steps_to_target"][0]
+    assert auto_row["steps_to_target"] == [reach, None]    # seed b's run (SLOW) never reaches the target
+    assert auto_row["time_s"] == {"1gbit": None} and auto_row["verdict"].startswith("mean loss +")
+    only_a = {r["id"]: r for r in combine([[loop_a], [loop_b]], {"1gbit": [c_a]})["systems"]}
+    assert "gv_auto at 1gbit" not in only_a                 # seed b has no run of it: not averaged
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "fidelity.json").write_text(json.dumps(build(loop_a, {"1gbit": [c_a]})))
+    from_report, from_runs = ({r["id"]: r for r in combine([[d]], {"1gbit": [c_a]})["systems"]}["gv_auto at 1gbit"]
+                              for d in (kept, loop_a))
+    assert from_report["time_s"] == from_runs["time_s"] == {"1gbit": pytest.approx(0.25 * reach)}
+
+
+def test_the_sweep_cost_sums_every_recorded_run(tmp_path: Path) -> None:
+    """The sweep's cost is what bench_e2e recorded per system (a continued run's invocations already summed), so an
+    interrupted sweep that is run again reports the whole cost, not the last invocation's."""
+    from ds_gravac_bench.fidelity_sweep import runs_cost
+
+    for name, systems in (("s100", {"ds_dense": {"cpu_s": 100.0, "wall_s": 60.0}, "gv_topk_10": {"cpu_s": 50.5}}),
+                          ("s101", {"ds_dense": {"cpu_s": 20.0, "wall_s": 12.5}, "failed": {"returncode": 1}})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "meta.json").write_text(json.dumps({"systems": systems}))
+    assert runs_cost([tmp_path / "s100", tmp_path / "s101"]) == {"cpu_s": 170.5, "wall_s": 72.5}
