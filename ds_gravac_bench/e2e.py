@@ -179,6 +179,8 @@ def run_matrix(opts: argparse.Namespace) -> Path:
                             "network": {"rate": net, "delay": "0"}, "systems": {}}
     every = int(getattr(opts, "checkpoint_every", 0) or 0)
     earlier = _earlier_systems(out) if every else {}
+    # a continued directory keeps the systems earlier invocations ran and this one does not name
+    meta["systems"].update({sid: m for sid, m in earlier.items() if sid not in ids})
     cluster = None
     if not loopback:
         from ds_gravac_bench.cluster import EmulatedCluster

@@ -2,13 +2,14 @@
 
     python -m ds_gravac_bench.fidelity_sweep --task resnet18_long --tune-seeds 100,101 \\
         --grid gv_topk_10,gv_topk_100,gv_topk_1000,gv_powersgd_r1,gv_powersgd_r4,gv_powersgd_r16 \\
-        [--cluster 1gbit=DIR] --out runs/sweep-r18
+        [--cluster 1gbit=DIR --cluster 100mbit=DIR] [--checkpoint-every 250] --out runs/sweep-r18
 
 Why: a "best static" chosen on the seeds it is then judged on is flattered by their noise. The sweep runs dense and
 every grid system on each tuning seed (``fidelity run``), combines the seeds as ``fidelity_seeds`` does, and per
-family keeps the level that meets the accuracy bounds on the means and reaches dense's target soonest: the shortest
-mean time to target at the first ``--cluster`` rate when given, else the fewest mean steps to target (ties: fewer
-bytes). The evaluation seeds then run only the picks. The sweep's cost is the CPU and wall time of every run
+family keeps the level that meets the accuracy bounds on the means and reaches dense's target soonest: on the
+fewest mean steps to target, and for each ``--cluster`` rate on the shortest mean time to target there (ties:
+fewer bytes). Post-local SGD's period is picked per rate only: by steps the shortest period always wins.
+The evaluation seeds then run only the picks. The sweep's cost is the CPU and wall time of every run
 (user + system, all ranks, summed over the invocations of a continued run), written beside the picks.
 """
 from __future__ import annotations
@@ -53,7 +54,7 @@ def pick(res: dict[str, Any], rate: Optional[str] = None) -> dict[str, Optional[
         if any(r["family"] == family for r in res["systems"]):
             out[family] = _best(rows, rate)
     periods = [r for r in res["systems"] if r["id"].startswith(LOCAL_SGD)]
-    if periods:
+    if periods and rate is not None:         # by steps alone the shortest period always wins: only time decides
         out[LOCAL_SGD] = _best([r for r in periods if r["verdict"] == "baseline: ok"], rate)
     return out
 
@@ -77,9 +78,9 @@ def sweep(task: str, seeds: Sequence[int], grid: Sequence[str], out: Path, clust
                                checkpoint_every=checkpoint_every))
         dirs.append([d])
     res = combine(dirs, clusters)
-    rate = next(iter(clusters), None)
-    return {"task": task, "tune_seeds": list(seeds), "grid": list(grid), "rate": rate,
-            **runs_cost([d for (d,) in dirs]), "picks": pick(res, rate), "seeds": res}
+    picks = {"steps": pick(res), **{rate: pick(res, rate) for rate in clusters}}
+    return {"task": task, "tune_seeds": list(seeds), "grid": list(grid), "rates": list(clusters),
+            **runs_cost([d for (d,) in dirs]), "picks": picks, "seeds": res}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
@@ -89,7 +90,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                     help="seeds that pick the levels (not the evaluation seeds), e.g. 100,101")
     ap.add_argument("--grid", required=True, help="comma list of static systems (bench_e2e ids, @key=value variants)")
     ap.add_argument("--cluster", action="append", type=cluster_arg, default=[], metavar="RATE=DIR",
-                    help="pick on the mean time to target at the first RATE given (default: steps to target)")
+                    help="step-time runs of the grid at RATE: picks on the mean time to target there, per rate "
+                         "(always also on steps to target)")
     ap.add_argument("--timeout", type=float, default=300000.0)
     ap.add_argument("--checkpoint-every", type=int, default=0, metavar="K",
                     help="checkpoint every K steps; the same command again skips finished runs and resumes the others")

@@ -290,3 +290,26 @@ def test_the_sweep_cost_sums_every_recorded_run(tmp_path: Path) -> None:
         (tmp_path / name).mkdir()
         (tmp_path / name / "meta.json").write_text(json.dumps({"systems": systems}))
     assert runs_cost([tmp_path / "s100", tmp_path / "s101"]) == {"cpu_s": 170.5, "wall_s": 72.5}
+
+
+def test_post_local_sgd_period_is_picked_on_time_at_a_rate_never_on_steps(tmp_path: Path) -> None:
+    """Period 8 reaches the target in fewer steps than period 32, but at 100 Mbit/s period 32's cheaper steps reach
+    it sooner: the pick at that rate is 32, and without a rate there is no local-SGD pick at all."""
+    from ds_gravac_bench.fidelity_sweep import pick
+
+    def timed(row: dict, seconds: float) -> dict:
+        return {**row, "rates": {"100mbit": {"step_s": 1.0, "time_s": seconds}}}
+
+    def seed(root: Path) -> Path:
+        root.mkdir()
+        rows = [timed(_row("ds_dense", "dense", 0.5, 0.5, 0.8, 200, 1.0), 900.0),
+                timed(_row("ddp_localsgd@period=8", "baseline", 0.5, 0.5, 0.8, 210, 0.125), 300.0),
+                timed(_row("ddp_localsgd@period=32", "baseline", 0.5, 0.5, 0.8, 240, 0.03), 120.0),
+                timed(_row("ddp_localsgd@period=128", "baseline", 0.6, 0.5, 0.6, 300, 0.01), 60.0)]
+        (root / "fidelity.json").write_text(json.dumps({"model": "resnet18", "steps": 300, "reference": "ds_dense",
+                                                        "systems": rows}))
+        return root
+
+    res = combine([[seed(tmp_path / "a")], [seed(tmp_path / "b")]])
+    assert "ddp_localsgd" not in pick(res)
+    assert pick(res, "100mbit")["ddp_localsgd"] == {"id": "ddp_localsgd@period=32", "sort_key": [120.0, 0.03]}
