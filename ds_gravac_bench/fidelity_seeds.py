@@ -29,6 +29,7 @@ from typing import Any, Optional, Sequence
 
 from ds_gravac_bench.fidelity import build, cluster_arg, clusters_of, judged
 from ds_gravac_bench.fidelity_runs import cluster_runs, load_dirs, match_key
+from ds_gravac_bench.fidelity_lead import lead_markdown
 from ds_gravac_bench.fidelity_output import NOISE_CONTROL
 from ds_gravac_bench.fidelity_time import time_at_rate
 from ds_gravac_bench.report import shown_path
@@ -259,13 +260,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ap.add_argument("seeds", nargs="+", help="one argument per seed: a fidelity run dir, or several joined by ','")
     ap.add_argument("--cluster", action="append", type=cluster_arg, default=[], metavar="RATE=DIR",
                     help="bench_e2e run(s) on the emulated cluster at RATE (several DIRs joined by ','); repeatable")
-    ap.add_argument("--out", required=True, help="directory for seeds.md and seeds.json")
+    ap.add_argument("--out", required=True, help="directory for seeds.md, seeds.json and lead.md (the leading table)")
     a = ap.parse_args(argv)
     res = combine([[Path(p) for p in arg.split(",")] for arg in a.seeds], clusters_of(a.cluster))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "seeds.json").write_text(json.dumps(res, indent=1))
     (out / "seeds.md").write_text(markdown(res))
+    (out / "lead.md").write_text(lead_markdown(res))
     print(markdown(res))
 
 

@@ -313,3 +313,34 @@ def test_post_local_sgd_period_is_picked_on_time_at_a_rate_never_on_steps(tmp_pa
     res = combine([[seed(tmp_path / "a")], [seed(tmp_path / "b")]])
     assert "ddp_localsgd" not in pick(res)
     assert pick(res, "100mbit")["ddp_localsgd"] == {"id": "ddp_localsgd@period=32", "sort_key": [120.0, 0.03]}
+
+
+def test_the_leading_table_gives_time_to_the_held_out_target_against_ddp_with_the_bf16_hook(tmp_path: Path) -> None:
+    """Two paired seeds: DDP + bf16 reaches the held-out target in 600 s and 400 s at 100 Mbit/s (mean 500), a
+    compressor in 200 and 300 (mean 250): 2.00× sooner; one that misses it on a seed has no ratio; a controller
+    trained at 1 Gbit/s only has figures there. Beside them: top-1 mean ± sd and its paired gap to dense."""
+    from ds_gravac_bench.fidelity_lead import lead_markdown, ratios
+
+    def seed(root: Path, base_s: float, mine_s: float, mine_top1: float) -> Path:
+        root.mkdir()
+
+        def row(sid: str, family: str, top1: float, rates: dict) -> dict:
+            return {**_row(sid, family, 0.5, 0.5, top1, 200, 0.5 if family == "baseline" else 0.1),
+                    "steps_to_top1": 400, "rates": rates}
+        rows = [row("ds_dense", "dense", 0.34, {"100mbit": {"top1_time_s": 2000.0}}),
+                row("ddp_bf16", "baseline", 0.34, {"100mbit": {"top1_time_s": base_s}}),
+                row("mine", "low-rank", mine_top1, {"100mbit": {"top1_time_s": mine_s}}),
+                row("late", "sparsification", 0.30, {"100mbit": {"top1_time_s": None if base_s > 500 else 90.0}}),
+                {**row("gv_auto at 1gbit", "low-rank", 0.34, {"1gbit": {"top1_time_s": 100.0}}),
+                 "trained_at": "1gbit"}]
+        (root / "fidelity.json").write_text(json.dumps({"model": "resnet18", "steps": 6000,
+                                                        "reference": "ds_dense", "systems": rows}))
+        return root
+
+    res = combine([[seed(tmp_path / "a", 600.0, 200.0, 0.33)], [seed(tmp_path / "b", 400.0, 300.0, 0.35)]])
+    vs = ratios(res)
+    assert vs["mine"] == {"100mbit": pytest.approx(2.0)} and vs["ddp_bf16"] == {"100mbit": pytest.approx(1.0)}
+    assert vs["late"]["100mbit"] is None and vs["gv_auto at 1gbit"]["1gbit"] is None   # no baseline at 1gbit
+    md = lead_markdown(res)
+    assert "| mine | low-rank | 250 s (2.00×) | – | 34.00 ± 1.41 | +0.00 ± 1.41 | 0.100 | ok |" in md
+    assert "| late | sparsification | – | – |" in md and "100mbit: time to held-out target (× ddp_bf16)" in md

@@ -1,0 +1,72 @@
+"""The long regime's leading table (docs/BENCHMARKS.md): per system and rate, the mean time to target and its ratio
+against DDP with PyTorch's bf16 hook — what a user turns on first to send less — beside the final held-out
+metric as mean ± spread over the paired seeds, bytes, and the bounds.
+
+Written by ``fidelity_seeds`` as ``lead.md`` from a :func:`ds_gravac_bench.fidelity_seeds.combine` result. The
+time is to the held-out target where the task sets one (top-1: dense's final minus its margin), else to the loss
+target; a ratio above 1 is sooner than DDP + bf16. A system that missed the target on some seed has no mean time
+and no ratio ("–"), and a row of a controller trained at one rate has figures at that rate only.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from ds_gravac_bench.fidelity_output import NOISE_CONTROL
+
+BASELINE = "ddp_bf16"          # DDP + torch's bf16_compress_hook
+
+
+def _times(row: dict[str, Any], held_out: bool) -> dict[str, Optional[float]]:
+    return row.get("top1_time_s", {}) if held_out else row.get("time_s", {})
+
+
+def ratios(res: dict[str, Any]) -> dict[str, dict[str, Optional[float]]]:
+    """System id → rate → the baseline's mean time to target over the system's (None where either is missing)."""
+    held_out = any(r.get("top1_spread") for r in res["systems"])
+    base = next((r for r in res["systems"] if r["id"] == BASELINE), None)
+    base_t = _times(base, held_out) if base else {}
+    out = {}
+    for r in res["systems"]:
+        mine = _times(r, held_out)
+        out[r["id"]] = {rate: base_t.get(rate) / t if t and base_t.get(rate) else None for rate, t in mine.items()}
+    return out
+
+
+def _metric(row: dict[str, Any]) -> str:
+    spread = row.get("top1_spread")
+    if spread:
+        return f"{100 * spread['mean']:.2f} ± {100 * spread['sd']:.2f}"
+    return "–" if row.get("ppl") is None else f"ppl {row['ppl']:.1f}"
+
+
+def _cell(t: Optional[float], x: Optional[float]) -> str:
+    return "–" if t is None else f"{t:.0f} s ({x:.2f}×)" if x else f"{t:.0f} s"
+
+
+def lead_markdown(res: dict[str, Any]) -> str:
+    held_out = any(r.get("top1_spread") for r in res["systems"])
+    rates = sorted({rate for r in res["systems"] for rate in _times(r, held_out)})
+    vs = ratios(res)
+    floor = next((r for r in res["systems"] if r["id"] == NOISE_CONTROL), None)
+    target = "held-out target" if held_out else "loss target"
+    metric = "final held-out top-1 % (mean ± sd)" if held_out else "final held-out perplexity (mean)"
+    head = ["system", "family"] + [f"{rate}: time to {target} (× {BASELINE})" for rate in rates]
+    head += [metric, "top-1 − dense, points" if held_out else "gap of the means", "bytes / dense", "bounds"]
+    n = len(res["seeds"])
+    lines = [f"# {res['model']}, {res['steps']} steps, 2 ranks, {n} paired seed{'s' * (n != 1)}", "",
+             f"Ratios: {BASELINE}'s mean time to the {target} over the system's (above 1: sooner)."
+             + (f" Noise floor ({NOISE_CONTROL}): top-1 − dense {_pm(floor.get('top1_diff'))} points."
+                if floor and floor.get("top1_diff") else ""), "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in res["systems"]:
+        cells = [r["id"], r["family"]] + [_cell(_times(r, held_out).get(rate), vs[r["id"]].get(rate))
+                                          for rate in rates]
+        diff = _pm(r.get("top1_diff")) if held_out else f"{100 * r['gap']:+.1f}%"
+        bytes_cell = "–" if r.get("bytes_ratio") is None else f"{r['bytes_ratio']:.3f}"
+        lines.append("| " + " | ".join(cells + [_metric(r), diff, bytes_cell, r["verdict"]]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _pm(spread: Optional[dict[str, float]]) -> str:
+    """Points as mean ± sd; a mean that rounds to zero prints +0.00, never -0.00."""
+    return "–" if not spread else f"{round(100 * spread['mean'], 2) + 0.0:+.2f} ± {100 * spread['sd']:.2f}"
