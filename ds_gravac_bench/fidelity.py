@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from ds_gravac_bench.fidelity_judge import RISE_TOLERANCE, judged
 from ds_gravac_bench.fidelity_output import NOISE_CONTROL, markdown, plots
 from ds_gravac_bench.fidelity_runs import SAME_SETTINGS, as_paths, cluster_runs, load_dirs, match_key
 from ds_gravac_bench.fidelity_time import adaptive, first_eval_reach, first_reach, quiet_counts, time_at_rate
@@ -33,11 +34,6 @@ from ds_gravac_bench.report import shown_path
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET_FRACTION = 0.75          # dense's smoothed loss at 75% of the budget is the target (a task may set another)
-LOSS_BOUND = 1.05               # a configuration passes when its final smoothed loss is ≤ dense's + 5% ...
-TOP1_POINTS = 0.02              # ... top-1 within 2 points, perplexity within 5% ...
-RISE_TOLERANCE = 0.01           # ... its smoothed peak no more than 1% above its start (a language model starts
-#                                   at ln V, and its first steps under warm-up wander by about 1e-4 of that) ...
-BYTES_BOUND = 0.5               # ... and it sends less than half of dense's bytes
 
 
 @dataclass(frozen=True)
@@ -307,36 +303,6 @@ def _verdict(row: dict[str, Any], ref: dict[str, Any], ref_id: str) -> str:
     mine, theirs = row["eval"], ref["eval"]
     return judged(row["family"], row["final_loss"], row["dense_loss"], mine.get("eval/top1"), theirs.get("eval/top1"),
                   mine.get("eval/ppl"), theirs.get("eval/ppl"), row["bytes_ratio"], row["rises"])
-
-
-def judged(family: str, loss: float, dense_loss: float, top1: Optional[float], dense_top1: Optional[float],
-           ppl: Optional[float], dense_ppl: Optional[float], bytes_ratio: Optional[float], rises: bool,
-           prefix: str = "") -> str:
-    """:func:`bound_misses` for a non-reference row; a dense one is a control and a baseline (16-bit all-reduce,
-    PyTorch's PowerSGD, post-local SGD) is what compression competes with: both are judged on accuracy alone."""
-    control = family in ("dense", "baseline")
-    verdict = bound_misses(loss, dense_loss, top1, dense_top1, ppl, dense_ppl, None if control else bytes_ratio,
-                           rises, prefix)
-    return f"{'control' if family == 'dense' else family}: {verdict}" if control else verdict
-
-
-def bound_misses(loss: float, dense_loss: float, top1: Optional[float], dense_top1: Optional[float],
-                 ppl: Optional[float], dense_ppl: Optional[float], bytes_ratio: Optional[float], rises: bool,
-                 prefix: str = "") -> str:
-    """The accuracy bounds a configuration misses against dense ("ok" when none); ``prefix`` names the
-    statistic (e.g. "mean ")."""
-    misses = []
-    if loss > LOSS_BOUND * dense_loss:
-        misses.append(f"{prefix}loss +{100 * (loss / dense_loss - 1):.0f}%")
-    if top1 is not None and dense_top1 is not None and top1 < dense_top1 - TOP1_POINTS:
-        misses.append(f"{prefix}top-1")
-    if ppl is not None and dense_ppl is not None and ppl > LOSS_BOUND * dense_ppl:
-        misses.append(f"{prefix}perplexity")
-    if bytes_ratio is not None and bytes_ratio >= BYTES_BOUND:
-        misses.append("bytes")
-    if rises:
-        misses.append("loss rises")
-    return "ok" if not misses else ", ".join(misses)
 
 
 def report(dirs: Sequence[Path], clusters: dict[str, list[Path]], out: Path) -> dict[str, Any]:

@@ -31,7 +31,7 @@ def markdown(res: dict[str, Any]) -> str:
              f"= {res['target_loss']:.4f}" + (f"; held-out top-1 {100 * res['top1_target']:.2f}% ({res['reference']}'s "
                                                f"final minus {100 * res['top1_margin']:g} point)" if top1 else "")
              + ". Bounds: final loss ≤ dense + 5%, top-1 within 2 points / perplexity within "
-             f"5%, < 50% of dense's bytes, smoothed loss never more than 1% above its start.", ""]
+             "5%, < 50% of dense's bytes, smoothed loss never more than 1% above its start.", ""]
     if floor:
         lines += [f"Noise floor ({NOISE_CONTROL}: dense with its gradients × (1 + 1e-6·N(0,1))): loss gap "
                   f"{100 * floor['gap']:+.1f}%" + (f", top-1 {100 * floor['top1_diff']:+.2f} points"
