@@ -10,7 +10,6 @@ import logging
 
 import pytest
 import torch
-from torch import nn
 
 import gravac_jobs as G
 import models as M

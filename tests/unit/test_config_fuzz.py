@@ -12,7 +12,7 @@ import copy
 import math
 import typing
 from dataclasses import dataclass
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 import annotated_types
 import pytest
