@@ -222,6 +222,7 @@ def run_matrix(opts: argparse.Namespace) -> Path:
                 veth += before["veth_bytes"]
             meta["systems"][sid] = {"returncode": rc, "veth_bytes": veth, "note": spec.note, "family": spec.family,
                                     "config_hash": hashlib.sha1(cfg_path.read_bytes()).hexdigest()[:12],
+                                    **({"dense_start": spec.dense_start} if spec.dense_start else {}),
                                     "ports": ports, **spent.total(before)}
             (out / "meta.json").write_text(json.dumps(meta, indent=1))
             if every and rc == 0:

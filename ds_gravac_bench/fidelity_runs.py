@@ -29,7 +29,8 @@ def curve_of(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 def load_dir(path: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     meta = json.loads((path / "meta.json").read_text())
-    curves = {sid: {**curve_of(read_steps(path / "systems" / sid / "steps.jsonl")), "family": m.get("family")}
+    curves = {sid: {**curve_of(read_steps(path / "systems" / sid / "steps.jsonl")), "family": m.get("family"),
+                    "dense_start": int(m.get("dense_start", 0))}
               for sid, m in meta["systems"].items()
               if m.get("returncode", 0) == 0}       # a run that failed or was stopped has no comparable curve
     return meta, curves

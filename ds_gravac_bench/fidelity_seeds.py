@@ -45,7 +45,7 @@ def _is_report(path: Path) -> bool:
     return not (path / "systems").is_dir() and (path / "fidelity.json").is_file()
 
 
-def _table(dirs: Sequence[Path], clusters: dict[str, list[Path]]) -> dict[str, Any]:
+def seed_table(dirs: Sequence[Path], clusters: dict[str, list[Path]]) -> dict[str, Any]:
     """One seed's fidelity table: the run directories built together, then the reports the other directories
     already hold appended, first occurrence of a system winning. Reports keep no loss curve, so they merge only
     when their dense run ended exactly as the first table's (final loss, peak and steps to target equal: a
@@ -103,7 +103,7 @@ def _mean_times(per: Sequence[dict[str, Any]]) -> dict[str, Optional[float]]:
 
 def combine(seeds: Sequence[Sequence[Path]], clusters: Optional[dict[str, list[Path]]] = None) -> dict[str, Any]:
     """Per-system figures of every seed and their means; a system counts only where every seed ran it."""
-    tables = [_table(dirs, clusters or {}) for dirs in seeds]
+    tables = [seed_table(dirs, clusters or {}) for dirs in seeds]
     if len({t["model"] for t in tables}) != 1:
         raise SystemExit("fidelity_seeds: the runs trained different models")
     key = _matching_key(tables)

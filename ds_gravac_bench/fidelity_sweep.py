@@ -50,7 +50,7 @@ def pick(res: dict[str, Any], rate: Optional[str] = None) -> dict[str, Optional[
     out: dict[str, Optional[dict[str, Any]]] = {}
     for family in COMPRESSED:
         rows = [r for r in res["systems"] if r["family"] == family and r["verdict"] == "ok"
-                and not r.get("adaptive") and "gravac" not in r["id"] and "accordion" not in r["id"]]
+                and not r.get("adaptive")]
         if any(r["family"] == family for r in res["systems"]):
             out[family] = _best(rows, rate)
     periods = [r for r in res["systems"] if r["id"].startswith(LOCAL_SGD)]

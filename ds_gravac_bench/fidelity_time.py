@@ -55,7 +55,9 @@ def time_at_rate(run: Optional[dict[str, Any]], steps_to_target: Optional[int], 
     """Step time and time to each target of one system at one rate (see ds_gravac_bench.fidelity's docstring). A
     controller that changes levels (GraVAC, Accordion, auto) has no one step time, and GraVAC and auto decide from
     the measured link, so its times come from its own cluster run. ``quiet`` (:func:`quiet_counts` of the loopback
-    run) prices the steps that send nothing apart from those that do."""
+    run) prices the steps that send nothing apart from those that do; a static section's ``warmup_steps`` or a
+    system's recorded ``dense_start`` (PyTorch's PowerSGD hook all-reduces fp32 for its first 10 steps) prices
+    those dense steps at the cluster run's dense step."""
     if run is None or run["median_step"] is None:
         return {"step_s": None, "time_s": None, "top1_time_s": None, "source": "no cluster run"}
     if adaptive(section):
@@ -65,7 +67,7 @@ def time_at_rate(run: Optional[dict[str, Any]], steps_to_target: Optional[int], 
                 "top1_time_s": sum(run["times"][:top1_reach]) if top1_reach else None, "source": "cluster run"}
     if quiet:
         return time_with_quiet_steps(run, steps_to_target, steps_to_top1, quiet)
-    warmup = int((section or {}).get("warmup_steps", 0))
+    warmup = int((section or {}).get("warmup_steps", 0)) or int(run.get("dense_start") or 0)
     if warmup:
         out = time_with_dense_start(run, steps_to_target, warmup)
         out["top1_time_s"] = time_with_dense_start(run, steps_to_top1, warmup)["time_s"]

@@ -14,6 +14,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
+from runners.ddp_comm import POWERSGD
+
 MIN_NUMEL = 16384
 
 
@@ -29,6 +31,8 @@ class SystemSpec:
     family: Optional[str] = None        # "baseline" for what users pick instead of compression (report column)
     params: Optional[dict[str, str]] = None     # @key=value variants of a system without a "gravac" section:
     #                                              key -> the runner option it sets (ddp_localsgd@period=16)
+    dense_start: int = 0                # steps it all-reduces in fp32 before compressing (PowerSGD hook's start);
+    #                                     recorded in meta.json so its cluster run prices them apart
 
 
 def baseline_systems() -> list[SystemSpec]:
@@ -83,7 +87,8 @@ def system_matrix(steps: int, epsilon: float = 0.7, theta_min: float = 10.0) -> 
         SystemSpec("ddp_dense", "ddp", None, "PyTorch DDP, 25 MB buckets"),
         *[SystemSpec(f"ddp_powersgd{tag}", "ddp_powersgd", None,
                      f"DDP + powerSGD_hook rank {rank} (bucket-serialized)", ("--powersgd-rank", str(rank)),
-                     family="baseline", params={"rank": "--powersgd-rank"}) for tag, rank in (("", 4), ("_r1", 1))],
+                     family="baseline", params={"rank": "--powersgd-rank"},
+                     dense_start=POWERSGD["start_powerSGD_iter"]) for tag, rank in (("", 4), ("_r1", 1))],
         *baseline_systems(),
         *[SystemSpec(f"gv_topk_{cf}", "gravac", _static("topk", cf)) for cf in (10, 100, 1000)],
         *[SystemSpec(f"gv_dgc_{cf}", "gravac", _static(dgc, cf, 0)) for cf in (10, 100, 1000)],

@@ -21,7 +21,8 @@ def _write_run(root: Path, model: str, systems: dict[str, dict], **meta_extra: o
     meta = {"model": model, "steps": max(len(s["loss"]) for s in systems.values()), "env": {}, "systems": {},
             **meta_extra}
     for sid, s in systems.items():
-        meta["systems"][sid] = {"returncode": s.get("returncode", 0), "family": s.get("family")}
+        meta["systems"][sid] = {"returncode": s.get("returncode", 0), "family": s.get("family"),
+                                **({"dense_start": s["dense_start"]} if "dense_start" in s else {})}
         if s.get("gravac") is not None:
             (root / "configs" / f"{sid}.json").write_text(json.dumps({"gravac": s["gravac"]}))
         d = root / "systems" / sid
@@ -245,6 +246,23 @@ def test_a_dense_start_is_timed_at_the_dense_step(tmp_path: Path) -> None:
     assert at["speedup"] == pytest.approx(reach * 2.0 / at["time_s"])
     short = rows["warm_short"]["rates"]["1gbit"]
     assert short["time_s"] is None and "too short for 10 dense steps" in short["source"]
+
+
+def test_pytorchs_powersgd_hook_prices_its_fp32_start_at_the_dense_step(tmp_path: Path) -> None:
+    """DDP's PowerSGD hook all-reduces fp32 for its first 10 steps (``dense_start`` in the cluster run's meta):
+    those steps cost its dense step, not its compressed one (which alone priced them before)."""
+    loop = _write_run(tmp_path / "loop", "mlp", {
+        "ds_dense": {"loss": DENSE, "time": 0.1, "bytes": 1000.0, "gravac": None},
+        "ddp_powersgd": {"loss": DENSE, "time": 0.1, "bytes": [1000.0] * 10 + [10.0] * (len(DENSE) - 10),
+                         "gravac": None, "family": "baseline"}})
+    cluster = _write_run(tmp_path / "c1g", "mlp", {
+        "ds_dense": {"loss": DENSE[:20], "time": 2.0, "bytes": 1000.0, "gravac": None},
+        "ddp_powersgd": {"loss": DENSE[:20], "time": [2.0] * 10 + [0.5] * 10, "bytes": [1000.0] * 10 + [10.0] * 10,
+                         "gravac": None, "family": "baseline", "dense_start": 10}})
+    row = next(r for r in build(loop, {"1gbit": cluster})["systems"] if r["id"] == "ddp_powersgd")
+    at = row["rates"]["1gbit"]
+    assert at["step_s"] == 0.5 and at["dense_start_step_s"] == 2.0
+    assert at["time_s"] == pytest.approx(10 * 2.0 + (row["steps_to_target"] - 10) * 0.5)
 
 
 def test_a_cluster_run_of_the_same_section_under_another_id_gives_the_time(tmp_path: Path) -> None:

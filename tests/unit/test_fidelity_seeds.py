@@ -195,7 +195,8 @@ def test_the_sweep_picks_per_family_the_soonest_level_within_the_bounds(tmp_path
                                       _row("gv_topk_100", "sparsification", 0.5, 0.5, 0.7, 200 + shift, 0.01),
                                       _row("gv_powersgd_r1", "low-rank", 0.5, 0.5, 0.8, 260 + shift, 0.01),
                                       _row("gv_powersgd_r4", "low-rank", 0.5, 0.5, 0.8, 230 + shift, 0.04),
-                                      _row("gv_gravac", "sparsification", 0.5, 0.5, 0.8, 100, 0.01),
+                                      {**_row("gv_gravac", "sparsification", 0.5, 0.5, 0.8, 100, 0.01),
+                                       "adaptive": True},     # as every report row says (fidelity._row)
                                       _row("gv_onebit", "quantization", 0.9, 0.5, 0.8, None, 0.03)])
 
     res = combine([[seed(tmp_path / "a", 0)], [seed(tmp_path / "b", 10)]])

@@ -1,0 +1,138 @@
+"""What the repository keeps of a long run, so that a table can be continued on another machine.
+
+    python -m ds_gravac_bench.long_keep save runs/long/r18-s0 docs/bench/long/resnet18_long-s0 \\
+        [--cluster 100mbit=runs/long/r18-s0-100mbit]
+    python -m ds_gravac_bench.long_keep restore docs/bench/long/resnet18_long-s0 runs/long/r18-s0
+
+Why: one seed of ``resnet18_long`` is about 10 machine-hours, a working session gives about 2.5, and raw runs
+live under ``runs/`` (ignored), which a new machine does not have. ``save`` writes two small files into the kept
+directory after every finished run:
+
+- ``fidelity.json``: the seed's report (every finished system's row: final loss and gap, held-out metrics, bytes,
+  steps to each target, the counts that price quiet steps), merged with the rows an earlier save kept — a run
+  directory's own rows win. ``fidelity_seeds`` reads such a directory as one seed and times its rows with the
+  cluster runs it is given, as it does any kept report.
+- ``reference.json``: the dense reference run itself — its settings (``meta.json``), its config and its curve:
+  every step's loss bit for bit (float32, as the runners log it, else float64), bytes per step and every
+  evaluation. Per-step times are not kept, only their median: loopback times price nothing here.
+
+``restore`` writes that reference run back as a finished system of a new run directory, so that
+``fidelity run --checkpoint-every K --out DIR`` skips it and trains only the systems still missing, and their rows
+are computed against the very same dense curve; ``save`` into the same kept directory then adds them.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import statistics
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from ds_gravac_bench.fidelity import cluster_arg, clusters_of
+from ds_gravac_bench.fidelity_seeds import seed_table
+from ds_gravac_bench.keep import strip_paths
+from ds_gravac_bench.report import SKIP_STEPS, read_steps
+
+REPORT_FILE, REFERENCE_FILE = "fidelity.json", "reference.json"
+
+
+def _encode(values: list[float]) -> dict[str, str]:
+    """Losses bit for bit: float32 when every value is one (the runners log a float32 tensor's item)."""
+    dtype = "float32" if all(float(np.float32(v)) == v for v in values) else "float64"
+    return {"dtype": dtype, "base64": base64.b64encode(np.asarray(values, dtype=dtype).tobytes()).decode()}
+
+
+def _decode(packed: dict[str, str]) -> list[float]:
+    return [float(v) for v in np.frombuffer(base64.b64decode(packed["base64"]), dtype=packed["dtype"])]
+
+
+def _runs_of(values: list[Any]) -> list[list[Any]]:
+    """``[[value, count], ...]``: a dense run's bytes are one value repeated over every step."""
+    out: list[list[Any]] = []
+    for v in values:
+        if out and out[-1][0] == v:
+            out[-1][1] += 1
+        else:
+            out.append([v, 1])
+    return out
+
+
+def compact_curve(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the reports read of a run's steps: loss, bytes and evaluations exactly; the median step time."""
+    times = [float(r["time/step"]) for r in records[SKIP_STEPS:] or records if r.get("time/step") is not None]
+    return {"steps": [int(r["step"]) for r in records] if any(int(r["step"]) != i + 1 for i, r in enumerate(records))
+            else len(records),
+            "loss": _encode([float(r["loss"]) for r in records]),
+            "bytes_sent": _runs_of([r.get("bytes_sent") for r in records]),
+            "median_step_s": statistics.median(times) if times else None,
+            "evals": [{k: v for k, v in r.items() if k == "step" or k.startswith("eval/")}
+                      for r in records if any(k.startswith("eval/") for k in r)]}
+
+
+def expand_curve(curve: dict[str, Any], system: str) -> list[dict[str, Any]]:
+    """Step records rebuilt from :func:`compact_curve` (every step timed at the kept median)."""
+    steps = curve["steps"] if isinstance(curve["steps"], list) else list(range(1, curve["steps"] + 1))
+    sent = [v for v, n in curve["bytes_sent"] for _ in range(n)]
+    evals = {int(e["step"]): e for e in curve["evals"]}
+    return [{"step": s, "loss": loss, "bytes_sent": b, "time/step": curve["median_step_s"], "system": system,
+             **evals.get(s, {})} for s, loss, b in zip(steps, _decode(curve["loss"]), sent)]
+
+
+def save(run_dir: Path, kept: Path, clusters: Optional[dict[str, list[Path]]] = None) -> dict[str, Any]:
+    """Write (or extend) ``kept`` from ``run_dir``: the merged report and the dense reference run."""
+    earlier = [kept] if (kept / REPORT_FILE).is_file() else []
+    table = strip_paths(seed_table([run_dir, *earlier], clusters or {}))
+    ref = table["reference"]
+    meta = json.loads((run_dir / "meta.json").read_text())
+    config = run_dir / "configs" / f"{ref}.json"
+    reference = {"system": ref, "meta": strip_paths({**meta, "systems": {ref: meta["systems"][ref]}}),
+                 "config": json.loads(config.read_text()) if config.is_file() else None,
+                 "curve": compact_curve(read_steps(run_dir / "systems" / ref / "steps.jsonl"))}
+    kept.mkdir(parents=True, exist_ok=True)
+    (kept / REPORT_FILE).write_text(json.dumps(table, indent=1) + "\n")
+    (kept / REFERENCE_FILE).write_text(json.dumps(reference, indent=1) + "\n")
+    return table
+
+
+def restore(kept: Path, run_dir: Path) -> str:
+    """Write the kept dense run into ``run_dir`` as a finished system; returns its id. A directory that already
+    holds runs is refused: its own dense run (or another one) would be overwritten."""
+    if (run_dir / "meta.json").exists():
+        raise SystemExit(f"long_keep: {run_dir} already holds runs (meta.json); restore into a new directory")
+    reference = json.loads((kept / REFERENCE_FILE).read_text())
+    ref = reference["system"]
+    (run_dir / "systems" / ref).mkdir(parents=True)
+    (run_dir / "configs").mkdir(exist_ok=True)
+    records = expand_curve(reference["curve"], ref)
+    (run_dir / "systems" / ref / "steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    if reference["config"] is not None:
+        (run_dir / "configs" / f"{ref}.json").write_text(json.dumps(reference["config"], indent=1))
+    (run_dir / "meta.json").write_text(json.dumps(reference["meta"], indent=1))
+    return ref
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("save", help="keep a run directory's report and dense run (extends an earlier save)")
+    s.add_argument("run_dir", type=Path)
+    s.add_argument("kept", type=Path)
+    s.add_argument("--cluster", action="append", type=cluster_arg, default=[], metavar="RATE=DIR",
+                   help="cluster runs whose controllers' rows (trained at a rate) are kept too")
+    r = sub.add_parser("restore", help="write a kept dense run into a new run directory")
+    r.add_argument("kept", type=Path)
+    r.add_argument("run_dir", type=Path)
+    a = ap.parse_args(argv)
+    if a.cmd == "save":
+        table = save(a.run_dir, a.kept, clusters_of(a.cluster))
+        print(f"[long_keep] {a.kept}: {len(table['systems'])} systems kept "
+              f"({', '.join(r['id'] for r in table['systems'])})")
+    else:
+        print(f"[long_keep] {a.run_dir}: {restore(a.kept, a.run_dir)} restored")
+
+
+if __name__ == "__main__":
+    main()
