@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from ds_gravac.integration.shm_buffer import buffer_path
 from ds_gravac_bench.report import report
@@ -152,7 +152,9 @@ def check_sections(matrix: dict[str, SystemSpec], ids: list[str]) -> None:
                                  f"variant): {err}") from None
 
 
-def run_matrix(opts: argparse.Namespace) -> Path:
+def run_matrix(opts: argparse.Namespace, after_system: Optional[Callable[[Path, str], None]] = None) -> Path:
+    """Every system of ``opts`` in turn into ``opts.out``; ``after_system(out, id)`` runs after each one that
+    finished (exit 0), once ``meta.json`` records it (``long_keep`` keeps a long run's result there)."""
     matrix = ablation_matrix(opts.ablation) if opts.ablation else system_matrix(opts.steps, epsilon=opts.epsilon,
                                                                                  theta_min=opts.theta_min)
     ids = list(SMOKE_SYSTEMS if opts.smoke else (opts.systems.split(",") if opts.systems else matrix))
@@ -227,6 +229,8 @@ def run_matrix(opts: argparse.Namespace) -> Path:
             (out / "meta.json").write_text(json.dumps(meta, indent=1))
             if every and rc == 0:
                 prune(log_dir, opts.ranks)
+            if after_system is not None and rc == 0:
+                after_system(out, sid)
             print(f"[bench_e2e] {sid}: exit {rc}", flush=True)
     finally:
         if cluster is not None:

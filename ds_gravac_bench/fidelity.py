@@ -23,7 +23,7 @@ import argparse
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from ds_gravac_bench.fidelity_judge import RISE_TOLERANCE, judged
 from ds_gravac_bench.fidelity_output import NOISE_CONTROL, markdown, plots
@@ -101,9 +101,10 @@ TASKS = {
 # ---- run ----------------------------------------------------------------------------------------------------
 
 
-def run(opts: argparse.Namespace) -> Path:
+def run(opts: argparse.Namespace, after_system: Optional[Callable[[Path, str], None]] = None) -> Path:
     """The systems of one task through ``bench_e2e`` (same loop, seed, data and base config): by default its systems
-    on loopback, or its controllers' whole runs on the emulated cluster at ``--rate``."""
+    on loopback, or its controllers' whole runs on the emulated cluster at ``--rate``; ``after_system`` as
+    :func:`ds_gravac_bench.e2e.run_matrix`'s."""
     from ds_gravac_bench.e2e import run_matrix
 
     task = TASKS[opts.task]
@@ -118,7 +119,7 @@ def run(opts: argparse.Namespace) -> Path:
                              runner_extra=(*task.runner_extra, "--seed", str(opts.seed)),
                              fidelity={"task": opts.task, "seed": opts.seed, "target_fraction": task.target_fraction,
                                        "top1_margin": task.top1_margin})
-    return run_matrix(e2e)
+    return run_matrix(e2e, after_system)
 
 
 # ---- report -------------------------------------------------------------------------------------------------
@@ -333,10 +334,8 @@ def clusters_of(args: Sequence[tuple[str, list[Path]]]) -> dict[str, list[Path]]
     return clusters
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run", help="train every system of a task (loopback, or the emulated cluster at a rate)")
+def add_run_arguments(r: argparse.ArgumentParser) -> None:
+    """The options of ``fidelity run`` (``long_keep run`` takes the same)."""
     r.add_argument("--task", choices=sorted(TASKS), default="resnet101")
     r.add_argument("--steps", type=int, default=None, help="default: the task's budget")
     r.add_argument("--systems", default=None, help="comma list of bench_e2e ids and cfg:<file> (default: the task's)")
@@ -353,6 +352,13 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                         "controller's whole run at that rate, loss and time (docs/BENCHMARKS_LONG.md)")
     r.add_argument("--tag", type=int, default=3, help="the emulated cluster's namespace tag (gvc<T>-…)")
     r.add_argument("--cluster", action="append", type=cluster_arg, default=[], metavar="RATE=DIR")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    add_run_arguments(sub.add_parser("run", help="train every system of a task (loopback, or the emulated cluster "
+                                                 "at a rate)"))
     p = sub.add_parser("report", help="rebuild fidelity.md, fidelity.json and plots")
     p.add_argument("dirs", nargs="+", help="fidelity/bench_e2e outputs of one model; several are merged when "
                                           "their dense curves are identical")

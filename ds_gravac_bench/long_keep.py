@@ -1,5 +1,6 @@
 """What the repository keeps of a long run, so that a table can be continued on another machine.
 
+    python -m ds_gravac_bench.long_keep run --keep docs/bench/long/resnet18_long-s0 <fidelity run options>
     python -m ds_gravac_bench.long_keep save runs/long/r18-s0 docs/bench/long/resnet18_long-s0 \\
         [--cluster 100mbit=runs/long/r18-s0-100mbit]
     python -m ds_gravac_bench.long_keep restore docs/bench/long/resnet18_long-s0 runs/long/r18-s0
@@ -16,6 +17,10 @@ directory after every finished run:
   every step's loss bit for bit (float32, as the runners log it, else float64), bytes per step and every
   evaluation. Per-step times are not kept, only their median: loopback times price nothing here.
 
+``run`` is ``fidelity run`` with a ``save`` after every system that finishes (a long invocation outlasts the
+session that started it, so its end may never come); with ``--rate`` it saves the controllers' rows against the
+seed's loopback directory given by ``--against``.
+
 ``restore`` writes that reference run back as a finished system of a new run directory, so that
 ``fidelity run --checkpoint-every K --out DIR`` skips it and trains only the systems still missing, and their rows
 are computed against the very same dense curve; ``save`` into the same kept directory then adds them.
@@ -31,7 +36,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from ds_gravac_bench.fidelity import cluster_arg, clusters_of
+from ds_gravac_bench.fidelity import add_run_arguments, cluster_arg, clusters_of, run
 from ds_gravac_bench.fidelity_seeds import seed_table
 from ds_gravac_bench.keep import strip_paths
 from ds_gravac_bench.report import SKIP_STEPS, read_steps
@@ -114,9 +119,27 @@ def restore(kept: Path, run_dir: Path) -> str:
     return ref
 
 
+def run_and_keep(opts: argparse.Namespace) -> Path:
+    """``fidelity run`` that saves into ``opts.keep`` after every finished system."""
+    loopback = opts.rate == "loopback"
+    if not loopback and opts.against is None:
+        raise SystemExit("long_keep run: --rate needs --against DIR, the seed's loopback run directory (dense)")
+
+    def keep_now(out: Path, sid: str) -> None:
+        table = save(out, opts.keep) if loopback else save(opts.against, opts.keep, {opts.rate: [out]})
+        print(f"[long_keep] {sid} finished: {opts.keep} keeps {len(table['systems'])} rows", flush=True)
+
+    return run(opts, keep_now)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
+    k = sub.add_parser("run", help="fidelity run, saving into --keep after every system that finishes")
+    add_run_arguments(k)
+    k.add_argument("--keep", type=Path, required=True, help="the kept directory, e.g. docs/bench/long/<task>-s<seed>")
+    k.add_argument("--against", type=Path, default=None,
+                   help="with --rate: the seed's loopback run directory that the controllers' rows are judged against")
     s = sub.add_parser("save", help="keep a run directory's report and dense run (extends an earlier save)")
     s.add_argument("run_dir", type=Path)
     s.add_argument("kept", type=Path)
@@ -126,7 +149,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     r.add_argument("kept", type=Path)
     r.add_argument("run_dir", type=Path)
     a = ap.parse_args(argv)
-    if a.cmd == "save":
+    if a.cmd == "run":
+        print(f"[long_keep] {run_and_keep(a)}: done")
+    elif a.cmd == "save":
         table = save(a.run_dir, a.kept, clusters_of(a.cluster))
         print(f"[long_keep] {a.kept}: {len(table['systems'])} systems kept "
               f"({', '.join(r['id'] for r in table['systems'])})")
