@@ -1,13 +1,14 @@
 """Where the long tables stand: every run directory under a root, each system's logged steps against its budget,
 its newest complete checkpoint, exit code and recorded cost.
 
-    python -m ds_gravac_bench.long_status runs/long
+    python -m ds_gravac_bench.long_status runs/long [--kept docs/bench/long]
 
 Why: a long table is built over many sessions, one resumable invocation at a time (docs/BENCHMARKS_LONG.md), and
 what is finished, what resumes from where, and what it cost so far must be read off the disk, not remembered. A
 system is "done" when it exited 0 with every step logged — the rule a continued invocation uses to skip it
 (``resume.plan_system``) — "resumes at K" when a complete checkpoint exists, "failed (exit E)" when it stopped
-without one, else "pending" (listed in the directory but never started).
+without one, else "pending" (listed in the directory but never started). ``--kept`` also lists what the repository
+keeps (``long_keep``): the systems of each kept seed, which survive a new machine.
 """
 from __future__ import annotations
 
@@ -61,10 +62,30 @@ def markdown(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def kept(root: Path) -> list[dict[str, Any]]:
+    """Each kept seed under ``root`` (a directory with a ``fidelity.json``): its budget and the systems it keeps."""
+    out = []
+    for report in sorted(root.rglob("fidelity.json")):
+        table = json.loads(report.read_text())
+        out.append({"dir": report.parent.name, "steps": table["steps"],
+                    "systems": [r["id"] for r in table["systems"]]})
+    return out
+
+
+def kept_markdown(rows: Sequence[dict[str, Any]]) -> str:
+    lines = ["| kept | budget | systems |", "|---|---|---|"]
+    lines += [f"| {r['dir']} | {r['steps']} | {', '.join(r['systems'])} |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("root", help="a directory holding run directories (each with a meta.json), e.g. runs/long")
-    print(markdown(status(Path(ap.parse_args(argv).root))), end="")
+    ap.add_argument("--kept", default=None, help="a directory of kept seeds (long_keep), e.g. docs/bench/long")
+    a = ap.parse_args(argv)
+    print(markdown(status(Path(a.root))), end="")
+    if a.kept:
+        print("\n" + kept_markdown(kept(Path(a.kept))), end="")
 
 
 if __name__ == "__main__":

@@ -36,3 +36,16 @@ def test_each_system_is_done_resumable_failed_pending_or_restarting(tmp_path: Pa
         "crashed": "failed (exit 1)", "queued": "pending", "unlisted": "restarts (step 3 logged, no checkpoint)"}
     assert rows["done"]["cpu_h"] == 2.0 and rows["half"]["logged"] == 60
     assert "| r18-s0 | loopback | half | 60 / 100 | resumes at 50 | – |" in markdown(list(rows.values()))
+
+
+def test_kept_seeds_are_listed_with_their_systems(tmp_path: Path) -> None:
+    from ds_gravac_bench.long_status import kept, kept_markdown
+
+    seed = tmp_path / "long" / "resnet18_long-s0"
+    seed.mkdir(parents=True)
+    (seed / "fidelity.json").write_text(json.dumps({"steps": 6000, "systems": [{"id": "ds_dense"},
+                                                                               {"id": "ds_dense_jitter"}]}))
+    (tmp_path / "long" / "empty").mkdir()
+    rows = kept(tmp_path / "long")
+    assert rows == [{"dir": "resnet18_long-s0", "steps": 6000, "systems": ["ds_dense", "ds_dense_jitter"]}]
+    assert "| resnet18_long-s0 | 6000 | ds_dense, ds_dense_jitter |" in kept_markdown(rows)
