@@ -5,18 +5,13 @@ from __future__ import annotations
 
 import io
 import os
-import socket
 import traceback
 from typing import Any, Callable
 
 import torch
 import torch.multiprocessing as mp
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from ds_gravac.integration.ports import free_port
 
 
 def _entry(rank: int, world: int, port: int, backend: str, device: str, fn: Callable[..., Any], args: tuple,
@@ -48,7 +43,7 @@ def run(fn: Callable[..., Any], world: int, backend: str, device: str, *args: An
     ``{"error": traceback}``."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_entry, args=(r, world, port, backend, device, fn, (device,) + args, queue),
                          daemon=True)
              for r in range(world)]

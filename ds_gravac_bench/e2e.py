@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from ds_gravac.integration.ports import free_port
 from ds_gravac.integration.shm_buffer import buffer_path
 from ds_gravac_bench.report import report
 from ds_gravac_bench.resume import checkpoint_args, last_logged_step, plan_system, prune
@@ -67,15 +68,6 @@ def runner_args(spec: SystemSpec, model: str, steps: int, cfg_path: Path, log_di
 def _runner_env(**extra: str) -> dict[str, str]:
     """The environment every runner process on this machine gets (one thread, CPU accelerator, wandb offline)."""
     return dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", WANDB_MODE="offline", **extra)
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on now: concurrent loopback invocations must not share a rendezvous port."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def run_local(script: str, args: list[str], ddp: bool, port: int, timeout: float, log: Path) -> int:

@@ -9,13 +9,13 @@ import json
 import math
 import os
 import re
-import socket
 import sys
 from typing import Any, Iterator
 
 from torch import nn
 
 from ..compress.registry import import_target
+from ..integration.ports import free_port
 from ..integration.shm_buffer import release_shm_buffer
 
 RATE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmgt]?)(?:bit|b)?(?:/s|ps)?\s*$", re.IGNORECASE)
@@ -86,12 +86,6 @@ def stdout_to_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def for_one_rank(config: dict[str, Any], world_size: int) -> dict[str, Any]:
     """The config as one rank of ``world_size`` sees its batch: DeepSpeed checks ``train_batch_size`` = micro
     batch × accumulation × ranks, and this engine has one rank."""
@@ -111,7 +105,7 @@ def build_engine(config: dict[str, Any], model: nn.Module, world_size: int) -> A
         import deepspeed.comm as dist
         if not dist.is_initialized():
             os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_SIZE": "1",
-                               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())})
+                               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
             deepspeed.init_distributed(dist_backend="gloo", verbose=False)
             release_shm_buffer(0)       # one rank: it has mapped every buffer of the group (shm_buffer.py)
         try:

@@ -16,19 +16,13 @@ from __future__ import annotations
 import functools
 import io
 import os
-import socket
 import traceback
 from typing import Any, Callable
 
 import torch.multiprocessing as mp
 
+from ds_gravac.integration.ports import free_port
 from ds_gravac.integration.shm_buffer import buffer_path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _entry(rank: int, world_size: int, port: int, fn: Callable[..., Any], args: tuple, queue: Any) -> None:

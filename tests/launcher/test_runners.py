@@ -10,7 +10,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import struct
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from typing import Any, Iterator
 import pytest
 import torch
 
+from ds_gravac.integration.ports import free_port
 from ds_gravac_bench.systems import system_matrix
 
 pytestmark = pytest.mark.launcher
@@ -30,17 +30,11 @@ PTB = "runners/train_ptb.py"
 TINY_CIFAR = ["--model", "tiny_cnn", "--eval-batches", "2", "--no-progress"]
 
 
-def _free_port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
-
-
 def launch(args: list[str], launcher: str = "deepspeed", timeout: float = 240,
            check: bool = True) -> subprocess.CompletedProcess:
     """A real 2-rank launch with the supported environment; never touches the network (wandb offline)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", WANDB_MODE="offline", WANDB_SILENT="true")
-    port = _free_port()
+    port = str(free_port())
     if launcher == "deepspeed":
         cmd = [os.path.join(BIN, "deepspeed"), "--master_port", port, "--num_gpus", "2"]
     else:
@@ -54,7 +48,7 @@ def launch(args: list[str], launcher: str = "deepspeed", timeout: float = 240,
 def single(args: list[str], timeout: float = 240) -> subprocess.CompletedProcess:
     """One rank without a launcher (a world of 1): for what a runner checks before or without its peers."""
     env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", WANDB_MODE="offline", RANK="0",
-               LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=_free_port())
+               LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     return subprocess.run([sys.executable] + args, cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=timeout)
 
@@ -261,7 +255,7 @@ def test_grad_jitter_is_refused_under_zero(work: dict, tmp_path: Any) -> None:
 @pytest.mark.parametrize("system", ["local", "local_engine"])
 def test_local_system_trains_alone(system: str, work: dict, tmp_path: Any) -> None:
     """`--system local`/`local_engine` (the benchmarks' compute-only rows) run one rank without communication."""
-    port = _free_port()
+    port = str(free_port())
     env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", WANDB_MODE="offline",
                RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     proc = subprocess.run([sys.executable, CIFAR, "--deepspeed_config", work["config"], "--micro-batch", "8",
