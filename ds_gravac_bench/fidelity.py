@@ -205,7 +205,7 @@ def build(dirs: Sequence[Path] | Path, clusters: dict[str, Sequence[Path] | Path
             r["verdict"] = _verdict(r, ref, ref_id)
     return {"model": meta["model"], "steps": meta["steps"], "reference": ref_id, "target_loss": target,
             "target_fraction": fraction, "top1_target": top1_target, "top1_margin": margin,
-            "noise_floor": _noise_floor(rows, ref_id), "failures": _failures(as_paths(dirs), curves),
+            "noise_floor": noise_floor(rows, ref_id), "failures": _failures(as_paths(dirs), curves),
             "skipped": skipped, "env": meta.get("env"), "runs": [shown_path(p) for p in as_paths(dirs)],
             "clusters": {k: ", ".join(shown_path(p) for p in as_paths(v)) for k, v in clusters.items()}, "systems": rows}
 
@@ -266,7 +266,7 @@ def _trained_at_rate(rate: str, paths: list[Path], meta: dict[str, Any], rows: l
     return out
 
 
-def _noise_floor(rows: list[dict[str, Any]], ref_id: str) -> Optional[dict[str, Any]]:
+def noise_floor(rows: list[dict[str, Any]], ref_id: str) -> Optional[dict[str, Any]]:
     """How far dense lands from itself when its gradients are perturbed by 1e-6 (``ds_dense_jitter``): the gap,
     top-1 difference and steps to target a method must beat to mean anything on this seed."""
     control = next((r for r in rows if r["id"] == NOISE_CONTROL), None)
@@ -275,7 +275,7 @@ def _noise_floor(rows: list[dict[str, Any]], ref_id: str) -> Optional[dict[str, 
         return None
     mine, theirs = control["eval"].get("eval/top1"), dense["eval"].get("eval/top1")
     return {"gap": control["gap"], "top1_diff": mine - theirs if mine is not None and theirs is not None else None,
-            "steps_to_target": control["steps_to_target"], "steps_to_top1": control["steps_to_top1"]}
+            "steps_to_target": control["steps_to_target"], "steps_to_top1": control.get("steps_to_top1")}
 
 
 def _failures(paths: Sequence[Path], curves: dict[str, Any]) -> list[dict[str, Any]]:

@@ -27,7 +27,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from ds_gravac_bench.fidelity import build, cluster_arg, clusters_of
+from ds_gravac_bench.fidelity import build, cluster_arg, clusters_of, noise_floor
 from ds_gravac_bench.fidelity_judge import judged
 from ds_gravac_bench.fidelity_runs import cluster_runs, load_dirs, match_key
 from ds_gravac_bench.fidelity_lead import lead_markdown
@@ -63,7 +63,7 @@ def seed_table(dirs: Sequence[Path], clusters: dict[str, list[Path]]) -> dict[st
                              f"(final loss {ref['final_loss']} vs {theirs['final_loss']}): not one seed")
         seen = {r["id"] for r in first["systems"]}
         first = {**first, "systems": first["systems"] + [r for r in other["systems"] if r["id"] not in seen]}
-    return first
+    return {**first, "noise_floor": noise_floor(first["systems"], first["reference"])}   # a kept control counts
 
 
 def _with_rates(table: dict[str, Any], clusters: dict[str, list[Path]]) -> dict[str, Any]:

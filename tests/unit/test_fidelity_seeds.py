@@ -142,6 +142,18 @@ def test_reports_of_one_dense_run_merge_into_one_seed(tmp_path: Path) -> None:
     assert abs(rows["jitter"]["final_loss"] - 0.62) < 1e-12
 
 
+def test_a_seed_merged_from_several_reports_takes_its_noise_floor_from_whichever_holds_the_control(
+        tmp_path: Path) -> None:
+    from ds_gravac_bench.fidelity_seeds import seed_table
+
+    a = _seed(tmp_path / "a", 0.4, 0.84, [_row("gv_default", "quantization", 0.44, 0.4, 0.83, 215, 0.26)])
+    b = _seed(tmp_path / "b", 0.4, 0.84, [_row("ds_dense_jitter", "dense", 0.42, 0.4, 0.85, 190, 1.0)])
+    floor = seed_table([a, b], {})["noise_floor"]
+    assert floor["gap"] == pytest.approx(0.42 / 0.4 - 1) and floor["top1_diff"] == pytest.approx(0.85 - 0.84)
+    assert floor["steps_to_target"] == 190
+    assert seed_table([a], {})["noise_floor"] is None
+
+
 def test_reports_of_different_dense_runs_are_refused(tmp_path: Path) -> None:
     a = _seed(tmp_path / "a", 0.4, 0.84, [])
     b = _seed(tmp_path / "b", 0.41, 0.84, [_row("jitter", "dense", 0.48, 0.41, 0.82, 220, 1.0)])
