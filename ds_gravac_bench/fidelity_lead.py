@@ -6,6 +6,10 @@ Written by ``fidelity_seeds`` as ``lead.md`` from a :func:`ds_gravac_bench.fidel
 time is to the held-out target where the task sets one (top-1: dense's final minus its margin), else to the loss
 target; a ratio above 1 is sooner than DDP + bf16. A system that missed the target on some seed has no mean time
 and no ratio ("–"), and a row of a controller trained at one rate has figures at that rate only.
+
+Below it, per rate, where post-local SGD (its best period there) is sooner than each compressed system and where it
+is not, judged against the noise floor in steps to target (the jitter control's mean relative difference to dense):
+a difference inside it is "no difference".
 """
 from __future__ import annotations
 
@@ -14,6 +18,8 @@ from typing import Any, Optional
 from ds_gravac_bench.fidelity_output import NOISE_CONTROL
 
 BASELINE = "ddp_bf16"          # DDP + torch's bf16_compress_hook
+LOCAL_SGD = "ddp_localsgd"     # PyTorch's post-local SGD, one row per period (``ddp_localsgd@period=P``)
+COMPRESSED = ("sparsification", "low-rank", "quantization")
 
 
 def _times(row: dict[str, Any], held_out: bool) -> dict[str, Optional[float]]:
@@ -64,7 +70,52 @@ def lead_markdown(res: dict[str, Any]) -> str:
         diff = _pm(r.get("top1_diff")) if held_out else f"{100 * r['gap']:+.1f}%"
         bytes_cell = "–" if r.get("bytes_ratio") is None else f"{r['bytes_ratio']:.3f}"
         lines.append("| " + " | ".join(cells + [_metric(r), diff, bytes_cell, r["verdict"]]) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + local_sgd_lines(res)) + "\n"
+
+
+def steps_floor(res: dict[str, Any]) -> Optional[float]:
+    """The noise floor in steps to target: the jitter control's mean |steps / dense's steps − 1| over the seeds
+    where both reached it (None without the control)."""
+    held_out = any(r.get("top1_spread") for r in res["systems"])
+    mine, dense = ("steps_to_top1", "dense_steps_to_top1") if held_out else ("steps_to_target", "dense_steps_to_target")
+    floor = next((r for r in res["systems"] if r["id"] == NOISE_CONTROL), None)
+    pairs = [(a, b) for a, b in zip(floor.get(mine) or [], floor.get(dense) or []) if a and b] if floor else []
+    return sum(abs(a / b - 1) for a, b in pairs) / len(pairs) if pairs else None
+
+
+def local_sgd_lines(res: dict[str, Any]) -> list[str]:
+    """Per rate, post-local SGD's best period (within the accuracy bounds) against every compressed row."""
+    held_out = any(r.get("top1_spread") for r in res["systems"])
+    local = [r for r in res["systems"] if r["id"].startswith(LOCAL_SGD) and r["verdict"].endswith("ok")]
+    compressed = [r for r in res["systems"] if r["family"] in COMPRESSED]
+    if not local or not compressed:
+        return []
+    floor = steps_floor(res)
+    out = ["", "Post-local SGD against compression (time to the " + ("held-out" if held_out else "loss") + " target; "
+           + ("noise floor unknown: no jitter control" if floor is None else f"noise floor ±{100 * floor:.0f}%") + "):"]
+    for rate in sorted({rate for r in local for rate in _times(r, held_out)}):
+        timed = [(t, r["id"]) for r in local if (t := _times(r, held_out).get(rate))]
+        if not timed:
+            out.append(f"- {rate}: post-local SGD never reached the target")
+            continue
+        best_t, best = min(timed)
+        verdicts = [f"`{r['id']}` {_against(best_t, _times(r, held_out).get(rate), floor)}" for r in compressed
+                    if rate in _times(r, held_out)]
+        out.append(f"- {rate}: `{best}` ({best_t:.0f} s) against " + "; ".join(verdicts))
+    return out
+
+
+def _against(local_t: float, t: Optional[float], floor: Optional[float]) -> str:
+    if t is None:
+        return "(never reached the target): post-local SGD sooner"
+    x = t / local_t
+    if floor is None:
+        return f"({t:.0f} s, {x:.2f}× post-local SGD's time): undecided without a floor"
+    if x > 1 + floor:
+        return f"({t:.0f} s): post-local SGD {x:.2f}× sooner"
+    if x < 1 / (1 + floor):
+        return f"({t:.0f} s): compression {1 / x:.2f}× sooner"
+    return f"({t:.0f} s): no difference"
 
 
 def _pm(spread: Optional[dict[str, float]]) -> str:
