@@ -26,6 +26,13 @@ def test_the_default_system_runs_the_empty_section() -> None:
     assert system_matrix(30)["gv_default"].gravac == {}
 
 
+@pytest.mark.parametrize("steps", [300, 6000])
+def test_auto_systems_decide_at_the_products_own_interval_whatever_the_budget(steps: int) -> None:
+    default = parse_config({"mode": "auto"}).auto.interval_steps
+    for sid in ("gv_auto", "gv_auto_qsgd", "gv_auto_topk"):
+        assert parse_config(system_matrix(steps)[sid].gravac).auto.interval_steps == default == 50
+
+
 def test_powersgd_rows_run_both_ranks_through_the_runner_option() -> None:
     from pathlib import Path
 
