@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import base64
 import json
-import statistics
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -39,7 +38,8 @@ import numpy as np
 from ds_gravac_bench.fidelity import add_run_arguments, cluster_arg, clusters_of, run
 from ds_gravac_bench.fidelity_seeds import seed_table
 from ds_gravac_bench.keep import strip_paths
-from ds_gravac_bench.report import SKIP_STEPS, read_steps
+from ds_gravac_bench.fidelity_runs import curve_of
+from ds_gravac_bench.report import read_steps
 
 REPORT_FILE, REFERENCE_FILE = "fidelity.json", "reference.json"
 
@@ -67,12 +67,11 @@ def _runs_of(values: list[Any]) -> list[list[Any]]:
 
 def compact_curve(records: list[dict[str, Any]]) -> dict[str, Any]:
     """What the reports read of a run's steps: loss, bytes and evaluations exactly; the median step time."""
-    times = [float(r["time/step"]) for r in records[SKIP_STEPS:] or records if r.get("time/step") is not None]
     return {"steps": [int(r["step"]) for r in records] if any(int(r["step"]) != i + 1 for i, r in enumerate(records))
             else len(records),
             "loss": _encode([float(r["loss"]) for r in records]),
             "bytes_sent": _runs_of([r.get("bytes_sent") for r in records]),
-            "median_step_s": statistics.median(times) if times else None,
+            "median_step_s": curve_of(records)["median_step"],      # the median the reports read
             "evals": [{k: v for k, v in r.items() if k == "step" or k.startswith("eval/")}
                       for r in records if any(k.startswith("eval/") for k in r)]}
 
