@@ -244,16 +244,29 @@ def unavailable_settings(config: GravacConfig) -> list[str]:
     if config.gravac.decision_source == "rank0":
         out.append("decision_source 'rank0' (key gravac.decision_source): not available in this version; the "
                    "default 'allreduce' already gives every rank identical decisions")
-    if (config.selection != "cost_model" and "cost_model" in config.model_fields_set
-            and config.cost_model.model_fields_set):
-        keys = ", ".join(f"cost_model.{k} {json.dumps(getattr(config.cost_model, k))}"
-                         for k in sorted(config.cost_model.model_fields_set))
-        out.append(f"{keys}: only used with selection 'cost_model' (selection is '{config.selection}'); set "
+    unused = sorted(config.cost_model.model_fields_set - _cost_model_keys_read(config))
+    if "cost_model" in config.model_fields_set and unused:
+        keys = ", ".join(f"cost_model.{k} {json.dumps(getattr(config.cost_model, k))}" for k in unused)
+        out.append(f"{keys}: only used with selection 'cost_model' (selection is '{config.selection}'; "
+                   f"probe_bytes and probe_repeats also with mode 'auto' and auto.link 'measure'); set "
                    f"\"selection\": \"cost_model\" or remove the cost_model section")
     if not config.telemetry.timing:
         out.append("telemetry.timing false: not available in this version (timing cannot be switched off: GraVAC's "
                    "controller and the step records need it); remove the key")
     return out
+
+
+AUTO_PROBE_KEYS = frozenset({"probe_bytes", "probe_repeats"})     # what auto's link measurement reads
+
+
+def _cost_model_keys_read(config: "GravacConfig") -> frozenset[str]:
+    """The ``cost_model`` keys this config acts on: all with the cost-model selection, the probes when auto
+    times the link, none otherwise."""
+    if config.selection == "cost_model":
+        return frozenset(CostModelConfig.model_fields)
+    if config.mode == "auto" and config.auto.link == "measure":
+        return AUTO_PROBE_KEYS
+    return frozenset()
 
 
 KEEP_AUTO = frozenset({"mode"})     # keys whose value "auto" is a choice ("mode": "auto"), not "not set"

@@ -269,6 +269,25 @@ def test_cost_model_keys_need_cost_model_selection(section: dict[str, Any], key:
     assert unavailable_settings(parse_config({**VALID_BASE, **section, "selection": "cost_model"})) == []
 
 
+AUTO_MEASURING: dict[str, Any] = {"mode": "auto", "compressor": "powersgd"}      # auto.link "measure" (default)
+
+
+def test_auto_measuring_the_link_takes_the_probe_settings() -> None:
+    """``mode: "auto"`` with ``auto.link: "measure"`` times the link at ``cost_model.probe_bytes`` and
+    ``probe_repeats``: those two act without ``selection: "cost_model"`` (a loaded machine needs larger probes for
+    the per-byte slope to stand above latency noise); the keys auto never reads are still refused, and so are the
+    probes when the link is nominal (nothing is timed)."""
+    probes = {"cost_model": {"probe_bytes": [65536, 16777216], "probe_repeats": 5}}
+    assert unavailable_settings(parse_config({**AUTO_MEASURING, **probes})) == []
+    with pytest.raises(GravacUnsupportedError, match="cost_model.margin 0.5: only used") as info:
+        reject_unimplemented(parse_config({**AUTO_MEASURING, "cost_model": {"margin": 0.5, "probe_repeats": 5}}))
+    assert "probe_repeats 5" not in str(info.value), str(info.value)      # the key it does read is not named
+    nominal = {**AUTO_MEASURING, **probes, "auto": {"link": "nominal", "link_gbit_s": 1.0}}
+    with pytest.raises(GravacUnsupportedError, match="cost_model.probe_bytes") as info:
+        reject_unimplemented(parse_config(nominal))
+    assert "auto.link 'measure'" in str(info.value), str(info.value)
+
+
 def test_all_unavailable_settings_are_reported_together() -> None:
     """One attach names every such key, so fixing a config takes one round trip, not five."""
     section: dict[str, Any] = {**VALID_BASE, "decision_source": "rank0", "cost_model": {"max_chunks": 2},
