@@ -113,6 +113,7 @@ class AutoConfig(StrictModel):
     budget_tight: float = Field(0.25, ge=0.0, le=4.0)
     pin_below_numel: int = Field(16384, ge=0)                   # groups smaller than this keep >= the reference
     efficiency_floor: float = Field(0.99, gt=0.0, le=1.0)       # quantizers: quiet budget S·(1/E − 1) of variance
+    dense_dtype: Literal["bf16", "fp16", "engine"] = "bf16"     # the dense rung's all-reduce (engine: its dtype)
     link: Literal["measure", "nominal"] = "measure"             # time the all-reduce at attach, or assume:
     remeasure_decisions: int = Field(2, ge=0, le=100000)       # "measure": re-time the link every k decisions
     refit_tolerance: Optional[float] = Field(0.03, gt=0.0, le=1.0)   # "measure": re-time when a step is this far off

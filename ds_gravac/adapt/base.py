@@ -35,6 +35,7 @@ class ControllerContext:
     default_level: Optional[float] = None         # static: a low-rank rank, or a quantizer's default CF
     cost_fits: Optional[Callable[[], Any]] = None   # the agreed cost-model fits (a FitTable) or None (auto)
     measure_link: Optional[Callable[[], Any]] = None   # collective: time the link now, agreed fits (auto)
+    dense_bytes_per_element: int = 4              # what a dense bucket sends per value (its communication dtype)
 
 
 EVENTS_KEPT = 256     # controller events kept for pop_events(); older ones are dropped (bounded memory)

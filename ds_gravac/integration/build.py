@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, Sequence
 
+import torch
 from pydantic import ValidationError
 
 from ..adapt.auto.ladder import RANKS as AUTO_RANKS
@@ -13,6 +14,7 @@ from ..compress.base import Compressor, Kind, LevelKind
 from ..compress.registry import lookup
 from ..config import GravacConfig, unavailable_settings
 from ..errors import GravacConfigError, GravacUnsupportedError
+from ..sync.reduce_rule import ReduceRule
 
 
 def reject_unimplemented(config: GravacConfig) -> None:
@@ -76,6 +78,21 @@ def rank_level_bound(config: GravacConfig, comp: Compressor) -> tuple[str, float
     return LevelKind.RANK, rank
 
 
+AUTO_DENSE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def exchange_rule(config: GravacConfig, engine: Any, world_size: int) -> ReduceRule:
+    """How this run averages dense buckets: DeepSpeed's rule, except that ``mode: "auto"`` sends its dense rung
+    in ``auto.dense_dtype`` when the engine would send fp32 (a DeepSpeed ``communication_data_type`` the user set
+    is kept). Dense 16-bit gradients are what a user would otherwise run (DDP's bf16 hook, DeepSpeed's
+    ``communication_data_type``), so an fp32 dense rung would make ``auto`` slower than that on a fast link."""
+    rule = ReduceRule.from_engine(engine, world_size)
+    dtype = AUTO_DENSE_DTYPES.get(config.auto.dense_dtype) if config.mode == "auto" else None
+    if dtype is not None and rule.comm_dtype == torch.float32:
+        return rule.sending(dtype)
+    return rule
+
+
 def controller_context(config: GravacConfig, comp: Compressor, engine: Any, world_size: int, rank: int,
                        compressible: tuple[str, ...], cost_fits: Optional[Callable[[], Any]] = None,
                        measure_link: Optional[Callable[[], Any]] = None) -> ControllerContext:
@@ -85,7 +102,8 @@ def controller_context(config: GravacConfig, comp: Compressor, engine: Any, worl
                                                     * engine.gradient_accumulation_steps()),
         realize_cf=comp.realize_cf, cf_grid=comp.cf_grid(), multilevel=comp.multilevel,
         gain_kind=comp.gain_kind, level_kind=comp.level_kind, compressible=compressible, rank=rank,
-        default_level=static_default_level(config, comp), cost_fits=cost_fits, measure_link=measure_link)
+        default_level=static_default_level(config, comp), cost_fits=cost_fits, measure_link=measure_link,
+        dense_bytes_per_element=exchange_rule(config, engine, world_size).comm_bytes_per_element)
 
 
 def check_optimizer_takeover(config: GravacConfig, comp: Compressor, dense: Sequence[str], clip: float) -> None:
@@ -104,5 +122,5 @@ def check_optimizer_takeover(config: GravacConfig, comp: Compressor, dense: Sequ
                                 f"set gradient_clipping to 0")
 
 
-__all__ = ["build_compressor", "check_optimizer_takeover", "controller_context", "rank_level_bound",
-           "reject_unimplemented", "static_default_level"]
+__all__ = ["AUTO_DENSE_DTYPES", "build_compressor", "check_optimizer_takeover", "controller_context",
+           "exchange_rule", "rank_level_bound", "reject_unimplemented", "static_default_level"]

@@ -18,7 +18,6 @@ from ..config import GravacConfig, parse_config
 from ..errors import GravacConfigError
 from ..sync.buckets import Member, classify, sync_members
 from ..sync.collectives import Channels
-from ..sync.reduce_rule import ReduceRule
 from ..sync.synchronizer import Synchronizer
 from ..telemetry.sinks import JsonlSink
 from .. import version
@@ -26,7 +25,7 @@ from .agreement import agree_config, agree_ok, agree_parameters
 from .engine_settings import MovedSettings
 from .checkpoint import load_checkpoint, route_engine_checkpoints, save_checkpoint, unroute_engine_checkpoints
 from . import teardown
-from .build import build_compressor, check_optimizer_takeover, controller_context, reject_unimplemented
+from .build import build_compressor, check_optimizer_takeover, controller_context, exchange_rule, reject_unimplemented
 from .shm_buffer import release_shm_buffer
 from .validation import validate_engine
 from .zero import ZeroBridge, zero_stage
@@ -113,7 +112,7 @@ class GravacHandle:
         self.channels = Channels.create(cfg.timeout_s)
         teardown.track(self)
         self.controller = build_controller(cfg)
-        self.sync = Synchronizer(eng, cfg, comp, self.controller, self.channels, ReduceRule.from_engine(eng, world),
+        self.sync = Synchronizer(eng, cfg, comp, self.controller, self.channels, exchange_rule(cfg, eng, world),
                                  bucket_order, on_record=self._on_record)
         self.settings = MovedSettings(eng, cfg, comp, world)
         if zero_stage(eng) in (1, 2):

@@ -22,7 +22,8 @@ from ..compress.base import Compressor
 from ..compress.kinds import describe_level
 from ..config import GravacConfig, parse_config
 from ..errors import GravacConfigError, GravacError, GravacUnsupportedError
-from ..integration.build import build_compressor, check_optimizer_takeover, controller_context, reject_unimplemented
+from ..integration.build import (build_compressor, check_optimizer_takeover, controller_context, exchange_rule,
+                                 reject_unimplemented)
 from ..integration.engine import _resolve_section, _trainable, ready_compressor
 from ..integration.validation import validate_engine
 from ..sync.aggregate_gain import check_aggregate_gain
@@ -186,7 +187,7 @@ def plan_engine(engine: Any, world_size: int, rate_bit_s: float, alpha_s: float)
     _attempt(plan, comp.check_engine, engine)
     named = _trainable(engine)
     _attempt(plan, ready_compressor, cfg, comp, named)
-    rule = ReduceRule.from_engine(engine, world_size)
+    rule = exchange_rule(cfg, engine, world_size)
     plan.comm_dtype = str(rule.comm_dtype).replace("torch.", "")
     ok, pattern = _attempt(plan, payload_exchange, comp, cfg.quantized_exchange, world_size)
     if not ok:
@@ -231,7 +232,7 @@ def _row(bucket: Bucket, action: BucketAction, planner: Planner, rule: ReduceRul
          comp: Compressor, own: str) -> BucketRow:
     """One bucket's row: the exchange attach would build for this action, and its predicted seconds."""
     n = planner.world_size
-    dense_b = ring_allreduce_bytes(rule.comm_bytes_per_element * bucket.numel, n)
+    dense_b = ring_allreduce_bytes(rule.engine_bytes_per_element * bucket.numel, n)
     pred_dense = dense_time(fits, bucket.numel, rule.comm_bytes_per_element)
     if action.compressed:
         codec = planner.codecs[bucket.index]

@@ -7,8 +7,9 @@ bit-identical to DeepSpeed's own path at N = 2; compressed buckets fold all of i
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -23,6 +24,7 @@ class ReduceRule:
     comm_dtype: torch.dtype
     world_size: float
     divide_first: bool = False      # ZeRO-1/2 with reduce_scatter: each rank divides by N, then the sum
+    engine_dtype: Optional[torch.dtype] = None      # what DeepSpeed itself would send, when ``sending`` changed it
 
 
     @classmethod
@@ -44,9 +46,20 @@ class ReduceRule:
         """``s`` of compressed buckets: ``1/N`` for mean, ``1`` for sum (pre/post-scaling folded in)."""
         return 1.0 / self.world_size if self.average else 1.0
 
+    def sending(self, dtype: torch.dtype) -> "ReduceRule":
+        """The same averaging with dense buckets all-reduced in ``dtype`` (DeepSpeed's own dtype is remembered:
+        ``dense_bytes`` stays what DeepSpeed would send in this run)."""
+        return dataclasses.replace(self, comm_dtype=dtype, engine_dtype=self.engine_dtype or self.comm_dtype)
+
     @property
     def comm_bytes_per_element(self) -> int:
+        """Bytes per value of a dense bucket as this run sends it."""
         return torch.empty((), dtype=self.comm_dtype).element_size()
+
+    @property
+    def engine_bytes_per_element(self) -> int:
+        """Bytes per value of DeepSpeed's own all-reduce on this engine (the reference of ``dense_bytes``)."""
+        return torch.empty((), dtype=self.engine_dtype or self.comm_dtype).element_size()
 
     def prescale(self, c: torch.Tensor) -> None:
         if not self.average:

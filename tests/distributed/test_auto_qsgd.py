@@ -16,11 +16,13 @@ from auto_watch import (check_bucket_levels, check_poisoned, check_resume, engin
 from harness import run_ranks
 
 # a nominal 10 Mbit/s link (plans independent of this machine's timing), 128-wide layers each in buckets of their
-# own partitions' worth of blocks (64 blocks of 128 per partition: the variance is taken on every block, exactly)
+# own partitions' worth of blocks (64 blocks of 128 per partition: the variance is taken on every block, exactly);
+# dense steps in fp32 ("engine"), so that their signals equal a float64 reference (bf16: test_auto_dense_dtype.py)
 AUTO = {"mode": "auto", "compressor": "qsgd", "bucket_cap_mb": 0.0625, "min_compress_numel": 0,
         "agreement_check_interval": 1,
         "auto": {"interval_steps": 3, "dwell": 1, "pin_below_numel": 0, "link": "nominal", "link_gbit_s": 0.01,
-                 "detector_eta": None, "efficiency_floor": 0.5}}
+                 "detector_eta": None, "efficiency_floor": 0.5,
+                 "dense_dtype": "engine"}}
 # the link and QSGD's codec timed at attach on both ranks (agreed fits)
 MEASURED = {**AUTO, "auto": {**AUTO["auto"], "link": "measure", "remeasure_decisions": 0, "refit_tolerance": None}}
 STEPS, SAVE, PROBE = 12, 7, 1          # PROBE: a dense step (before the first decision)

@@ -52,7 +52,8 @@ from ...sync.quant_variance import VarianceSpec
 from ...sync.sparse_unsent import UnsentSpec
 from ...decision import StepDecision
 from ..base import AgreedStats, Controller, ControllerContext
-from .ladder import DENSE, LOWRANK, QSGD, QSGD_BITS, RANKS, REFERENCE, SPARSE, SPARSE_CFS, Group, Level, build_groups, uniform_codes
+from .ladder import (DENSE, LOWRANK, QSGD, QSGD_BITS, RANKS, REFERENCE, SPARSE, SPARSE_CFS, Group, Level, build_groups,
+                     uniform_codes)
 from .signals import GroupErrors, GroupLevelErrors
 from .solver import Hysteresis, totals
 from .timing import GEMM, Pricer, link_fits
@@ -202,7 +203,8 @@ class AutoController(Controller):
             fits = self.ctx.cost_fits()
         params = dict(self.config.compressor.params)      # the configured compressor's payload, priced as sent
         shape = {"qsgd_block": int(params.get("bucket_size", 128)) if self.family == QSGD else 128,
-                 "topk_params": params if self.family == SPARSE else None}
+                 "topk_params": params if self.family == SPARSE else None,
+                 "dense_bytes": self.ctx.dense_bytes_per_element if self.ctx is not None else 4}
         if not isinstance(fits, FitTable):
             a = self.config.auto
             return Pricer(link_fits(float(a.link_gbit_s) * 1e9, float(a.link_alpha_s), world), world, **shape)

@@ -3,7 +3,8 @@
 A group is priced as if its members were fused into one bucket of their own (``ladder``'s grouping), sent with
 the pattern its family uses, by the very formulas of ``sync/cost_model/predict.py`` where they exist:
 
-* dense: ``stage + all_reduce(4·M) + writeback`` (``predict.dense_time``);
+* dense: ``stage + all_reduce(w·M) + writeback`` (``predict.dense_time``), ``w`` the bytes per value of the
+  dense all-reduce (2: ``auto.dense_dtype`` bf16 or fp16; 4: an fp32 engine with ``"engine"``);
 * QSGD at b bits: the bucket cut into N partitions of QSGD's real plans (``compress/qsgd.py``), sent by the
   all-gather at N = 2 and by CaSync-PS above (what ``quantized_exchange: "auto"`` does), ``predict.compressed_time``;
 * sparsifier at CF θ: one Top-k plan per member (index + value), all-gathered, ``predict.compressed_time``;
@@ -92,9 +93,13 @@ class Pricer:
 
     def __init__(self, fits: FitTable | Mapping[str, LinearFit], world_size: int,
                  codec: Optional[Mapping[str, Mapping[str, LinearFit]]] = None, overlap: float = 0.0,
-                 qsgd_block: int = 128, topk_params: Optional[Mapping[str, object]] = None) -> None:
+                 qsgd_block: int = 128, topk_params: Optional[Mapping[str, object]] = None,
+                 dense_bytes: int = 4) -> None:
         if not 0.0 <= overlap < 1.0:
             raise ValueError(f"ds_gravac: overlap must be in [0, 1) (got {overlap})")
+        if dense_bytes not in (2, 4):
+            raise ValueError(f"ds_gravac: a dense value is sent in 2 or 4 bytes (got {dense_bytes})")
+        self.dense_bytes = int(dense_bytes)
         base = fits.fits if isinstance(fits, FitTable) else dict(fits)
         self.world_size, self.overlap = int(world_size), float(overlap)
         # codec fits of the table belong to the configured compressor: they come in through ``codec`` only
@@ -108,7 +113,7 @@ class Pricer:
     @property
     def key(self) -> tuple:
         """Everything the prices depend on: two pricers with equal keys price every level alike."""
-        return (self.world_size, self.overlap, self.qsgd.params.bucket_size, repr(self.topk.params),
+        return (self.world_size, self.overlap, self.dense_bytes, self.qsgd.params.bucket_size, repr(self.topk.params),
                 tuple((fam, tuple(sorted(t.fits.items()))) for fam, t in sorted(self.tables.items())))
 
     # ---- one level -------------------------------------------------------------------------------------
@@ -116,8 +121,8 @@ class Pricer:
         m = group.numel
         edges = self.dense_table.get(STAGE)(m) + self.dense_table.get(WRITEBACK)(m)
         if level.family == DENSE:
-            total = dense_time(self.dense_table, m, 4)
-            return LevelCost(4.0 * m, 0.0, total - edges, edges)
+            total = dense_time(self.dense_table, m, self.dense_bytes)
+            return LevelCost(float(self.dense_bytes * m), 0.0, total - edges, edges)
         if level.family == LOWRANK:
             return self._lowrank(group, int(level.value), edges)
         if level.family == QSGD:
