@@ -104,6 +104,7 @@ class AutoConfig(StrictModel):
     """``mode: "auto"``: the budgeted goodput controller (docs/algorithms.md §8, keys: docs/configuration.md)."""
 
     interval_steps: int = Field(50, ge=1, le=100000)            # I: a decision every I steps
+    sample_steps: int = Field(4, ge=1, le=100000)               # K: low rank measures K steps before a decision
     warmup_steps: int = Field(0, ge=0, le=10**7)                # dense steps before the first decision
     tight_steps: Optional[int] = Field(None, ge=0, le=10**7)    # tight budget after the start and an lr drop (None: I)
     lr_drop: float = Field(0.2, gt=0.0, le=1.0)                 # a step-to-step lr decrease by this fraction is a drop

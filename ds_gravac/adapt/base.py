@@ -65,6 +65,11 @@ class Controller:
     def observe(self, stats: AgreedStats) -> None:
         """Apply one step's agreed stats (pipelined: at the next decision point)."""
 
+    def measures(self, step: int) -> bool:
+        """Whether this step's costly measurements are read (a dense step's power iteration): every step, unless
+        a controller samples fewer. A function of the step and agreed state, so every rank answers alike."""
+        return True
+
     @property
     def strict(self) -> bool:
         return False

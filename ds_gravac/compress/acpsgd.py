@@ -44,7 +44,8 @@ class ACPSGDMemory(LowRankMemory):
         """Finite step, sent compressed: the aggregated factor (a sum: orth is scale-invariant) is shared. Sent
         dense: the factor the next compressed step reads follows the exact average (:meth:`refresh`)."""
         if not payloads:
-            self.comp.refresh(ctx, g, "q" if self.comp.phase == P_STEP else "p")
+            if self.comp.measuring:
+                self.comp.refresh(ctx, g, "q" if self.comp.phase == P_STEP else "p")
             return
         p = payloads[0]
         if p.plan.get("phase", self.comp.phase) == P_STEP:

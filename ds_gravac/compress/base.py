@@ -101,6 +101,10 @@ class Compressor:
     # set by the synchronizer when something reads component_energies: measuring them costs a pass over every
     # compressed gradient per step (ACP-SGD), wasted in every other mode
     wants_energies: bool = False
+    # set by the synchronizer every step: whether the controller reads this step's measurements. A low-rank
+    # compressor's power iteration on a dense step's exact average (its warm start and every rank's energy) costs
+    # 3·n·m·r multiply-adds per matrix, a third of a ResNet-18 step on one core; auto samples a few steps
+    measuring: bool = True
     # the per-tensor memory rule (compress/memory.py): plain error feedback, or the compressor's own memory with
     # its slots (owns_state: DGC's u and v); ``self.memory`` is its instance bound to this compressor
     Memory: ClassVar[type[CompressorMemory]] = CompressorMemory

@@ -42,7 +42,7 @@ class PowerSGDMemory(LowRankMemory):
         dense (no payloads), or plain at :data:`REPROJECT`: the warm start follows the exact average
         (:meth:`refresh`)."""
         if not payloads:
-            if self.comp.params.warm_start:
+            if self.comp.params.warm_start and self.comp.measuring:
                 self.comp.refresh(ctx, g, "q")
             return
         p1 = payloads[0]

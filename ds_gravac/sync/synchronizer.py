@@ -153,6 +153,7 @@ class Synchronizer:
             check_agreement(int(self.controller.state_checksum()), self.channels.control,
                             f"ranks hold different controller states at step {step} (agreement_check_interval)")
         decision = self.controller.decide(step, self.stats.agreed_lr, force_dense=not self.plan.frozen)
+        self.comp.measuring = self.controller.measures(step)
         plan = self.planner.step_plan(step, decision)
         self.running = RunningStep(plan=plan, pending=[len(b.members) for b in self.plan.buckets], t_begin=t0,
                                    loss_scale=float(self.loss_scale()))

@@ -80,6 +80,7 @@ class AutoController(Controller):
         a = config.auto
         self.interval = int(a.interval_steps)
         self.start = max(int(a.warmup_steps), FIRST_SIGNAL_STEP)
+        self.sample_steps = int(a.sample_steps)
         self.tight_steps = self.interval if a.tight_steps is None else int(a.tight_steps)
         self.family = family_of(config.compressor.type)
         self.groups: list[Group] = []
@@ -241,6 +242,16 @@ class AutoController(Controller):
     def broadcast_point(self, step: int) -> bool:
         return step >= self.start and (step - self.start) % self.interval == 0
 
+    def measures(self, step: int) -> bool:
+        """Every step before the first decision, then the ``sample_steps`` + 1 steps before each decision: step
+        i's signals arrive with step i + 1's statistics, so a decision at D reads D − K − 1 … D − 2 (K samples),
+        and D − 1's counts towards the next interval. Dense steps between them skip the power iteration."""
+        step = int(step)
+        if step < self.start:
+            return True
+        to_next = self.interval - (step - self.start) % self.interval      # steps until the next decision
+        return to_next <= self.sample_steps + 1
+
     def before_proposal(self, step: int) -> None:
         """Every rank re-times the link (agreed fits) every ``remeasure_decisions``-th decision after the first,
         and whenever the interval's measured step is off its prediction (agreed values: the same on every rank),
@@ -297,7 +308,8 @@ class AutoController(Controller):
         if switched:
             self.log_event(step, "auto_switch", codes=codes, tight=tight)
         self.decisions += 1
-        # after an all-dense interval every warm start followed the exact average on every step: nothing to do
+        # after an all-dense interval every warm start followed the exact average on the sampled steps, the
+        # last of them the step before this decision (``measures``): nothing to do
         fresh = all(g.ladder[c].family != LOWRANK for g, c in zip(self.groups, self.codes))
         self.reproject = [] if fresh else [g for g, (old, new) in enumerate(zip(self.codes, codes))
                                            if self._raises(g, old, new)]
