@@ -66,8 +66,9 @@ class Controller:
         """Apply one step's agreed stats (pipelined: at the next decision point)."""
 
     def measures(self, step: int) -> bool:
-        """Whether this step's costly measurements are read (a dense step's power iteration): every step, unless
-        a controller samples fewer. A function of the step and agreed state, so every rank answers alike."""
+        """Whether this step's signals are measured (the statistics' per-group terms; over low rank also a dense
+        step's power iteration): every step, unless a controller samples fewer. A function of the step and agreed
+        state, so every rank answers alike."""
         return True
 
     @property

@@ -47,8 +47,8 @@ def complete_step(sync: SyncParts, agreed: AgreedStats) -> dict[str, float]:
         run.decode_s[b] = time.perf_counter() - t_r
         if bucket.compressible and sync.comp.owns_state:     # state that depends on the aggregate
             sync.codecs[b].commit_aggregate(run.layouts.get(b) if compressed else None, flat)
-        if sync.aggregate is not None:
-            sync.aggregate.bucket_done(bucket, flat, compressed)
+        if sync.sampled is not None:
+            sync.sampled.bucket_done(bucket, flat, compressed)
         t2 = time.perf_counter()
         if bucket.compressible:
             sync.update_space.to_gradient(bucket.members, sync.planner.ctxs[b], flat, run.plan.step)

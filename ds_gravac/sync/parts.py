@@ -42,6 +42,7 @@ class SyncParts(Protocol):
     rule: "ReduceRule"
     running: "Optional[RunningStep]"
     aggregate: "Optional[AggregateGain | QuantVariance | SparseUnsent]"
+    sampled: "Optional[AggregateGain | QuantVariance | SparseUnsent]"      # the aggregate on a sampled step
     stats: "StepStatistics"
     world_size: int
     numel_total: int

@@ -99,6 +99,7 @@ class Synchronizer:
         elif measured:
             self.aggregate = AggregateGain(compressor, self.planner, config.seed, self.world_size, groups=groups)
         compressor.wants_energies = isinstance(self.aggregate, AggregateGain)
+        self.sampled = self.aggregate       # the aggregate when this step is sampled, else None (``_begin``)
         self.stats = StepStatistics(engine, self.world_size, channels.control, on_record, self.aggregate)
         self.backward_end_t = 0.0
         self.last_launch_times: dict[int, float] = {}
@@ -154,11 +155,13 @@ class Synchronizer:
                             f"ranks hold different controller states at step {step} (agreement_check_interval)")
         decision = self.controller.decide(step, self.stats.agreed_lr, force_dense=not self.plan.frozen)
         self.comp.measuring = self.controller.measures(step)
+        # the controller's signals are taken on the steps it reads (every step, unless it samples: auto)
+        self.sampled = self.aggregate if self.comp.measuring else None
         plan = self.planner.step_plan(step, decision)
         self.running = RunningStep(plan=plan, pending=[len(b.members) for b in self.plan.buckets], t_begin=t0,
                                    loss_scale=float(self.loss_scale()))
-        if self.aggregate is not None:
-            self.aggregate.begin(step, plan)
+        if self.sampled is not None:
+            self.sampled.begin(step, plan)
         if self.config.debug.check_plans:
             check_agreement(plan.digest(), self.channels.control, f"ranks disagree on the plan of step {step}")
 
@@ -235,8 +238,8 @@ class Synchronizer:
         st.den += den
         if raw is not None:
             st.den_raw += sum(raw)
-        if self.aggregate is not None:
-            self.aggregate.stage(b, mem.scratch)
+        if self.sampled is not None:
+            self.sampled.stage(b, mem.scratch)
         st.stage_s += time.perf_counter() - t0
         width = len(codec.bucket.members)
         live = [not self.planner.dense_at(b, (p,) * width) for p in plan.probes]
@@ -317,8 +320,8 @@ class Synchronizer:
         timings = complete_step(self, agreed)
         if self.after_write is not None:
             self.after_write()
-        if self.aggregate is not None:
-            self.aggregate.end_step(agreed.nonfinite == 0)
+        if self.aggregate is not None:          # a step not sampled reports nothing, like a non-finite one
+            self.aggregate.end_step(agreed.nonfinite == 0 and self.sampled is not None)
         timings["finish_s"] = time.perf_counter() - t0
         self.last_launch_times = dict(run.launch_t)
         if not self.plan.frozen:

@@ -245,7 +245,8 @@ class AutoController(Controller):
     def measures(self, step: int) -> bool:
         """Every step before the first decision, then the ``sample_steps`` + 1 steps before each decision: step
         i's signals arrive with step i + 1's statistics, so a decision at D reads D − K − 1 … D − 2 (K samples),
-        and D − 1's counts towards the next interval. Dense steps between them skip the power iteration."""
+        and D − 1's counts towards the next interval. The steps between take no signals (their per-group terms
+        cost a pass over every gradient in float64) and, over low rank, skip a dense step's power iteration."""
         step = int(step)
         if step < self.start:
             return True
