@@ -84,3 +84,42 @@ def test_the_16_bit_runs_differ_from_fp32(results: list[dict]) -> None:
     """The comparison above is not vacuous: bf16 and fp32 dense end in different weights."""
     a, b = results[0]["default"]["auto"]["params"], results[0]["engine"]["auto"]["params"]
     assert any(not torch.equal(a[k], b[k]) for k in a)
+
+
+# ---- a dense-rung group beside a compressed one: its own bucket, in bf16 ----------------------------------------
+SCRIPTED = {**FAST, "auto": {**FAST["auto"], "dwell": 0, "min_gain": 0.0}}
+
+
+def _mixed(rank: int, world: int) -> dict[str, Any]:
+    """Rank 0's proposal scripted at step 2: the 128 × 128 group at rank 2, every other group dense."""
+    import ds_gravac
+    model = M.make_model(seed=0, width=128)
+    engine, *_ = ds_gravac.initialize(model=model, model_parameters=model.parameters(),
+                                      config=M.ds_config(SCRIPTED, world=world, lr=0.02))
+    handle = ds_gravac.get_handle(engine)
+    ctl = handle.controller
+
+    def propose(step: int, lr: float) -> torch.Tensor:
+        codes = [next(i for i, lv in enumerate(g.ladder) if lv.family == "lowrank" and lv.value == 2)
+                 if g.name == "128x128" else 0 for g in ctl.groups]
+        return torch.tensor(codes + [0], dtype=torch.int64)
+    ctl.propose = propose
+    M.train(engine, rank, 4)
+    groups = {name: g for g in ctl.groups for name in g.members}
+    buckets = [{groups[m.name].name for m in b.members if m.name in groups} for b in handle.sync.plan.buckets]
+    return {"records": [(r["step"], r["branch"], r["bytes_sent"]) for r in handle.pop_stats()], "buckets": buckets,
+            "shapes": {n: tuple(p.shape) for n, p in model.named_parameters()}}
+
+
+def test_a_dense_group_beside_a_compressed_one_is_its_own_bf16_bucket() -> None:
+    """Sent at step 2 and 3: the 128 × 128 matrices' two rank-2 factors in fp32 (P: 128 × 2, Q: 128 × 2), every
+    other value in bf16 (ring all-reduce at N = 2 sends its input once); no bucket holds two groups."""
+    res = run_ranks(_mixed, 2)[0]
+    assert all(len(names) <= 1 for names in res["buckets"]), res["buckets"]
+    shapes = res["shapes"].values()
+    k = sum(1 for s in shapes if s == (128, 128))
+    numel = sum(int(torch.Size(s).numel()) for s in shapes)
+    assert k >= 2
+    expected = 2 * (numel - k * 128 * 128) + 4 * k * (128 * 2 + 128 * 2)
+    steps = {s: (branch, sent) for s, branch, sent in res["records"]}
+    assert steps[2] == steps[3] == ("cand", expected), (steps, expected)

@@ -3,12 +3,12 @@ configured compressor — re-planned every ``interval_steps`` under an error bud
 
 * **Groups** (``ladder.build_groups`` over the compressed tensors, the compressor's family): one per matrix shape
   class, the classifier alone; groups below ``pin_below_numel`` values and the classifier keep dense or the
-  family's reference level and above (rank ≥ 16, 8 bits, CF ≤ 30). Under QSGD and Top-k no bucket mixes groups.
+  family's reference level and above (rank ≥ 16, 8 bits, CF ≤ 30). No bucket mixes groups.
 * **Levels of a tensor**: a group's code indexes its ladder; a rank rung is the tensor's rank (bits b: CF 32/b;
-  a Top-k rung: its CF), the dense rung is a level no tensor can pay for (:data:`PLAIN`), which the low-rank
-  compressors send *plain* — its values, summed in the same all-reduce, and its error memory cleared — and the
-  planner sends as a dense bucket otherwise. A step whose groups are all dense is a dense step (the warm start
-  then follows the exact average and every ladder rank is measured).
+  a Top-k rung: its CF), the dense rung is a level no tensor can pay for (:data:`PLAIN`), which the planner
+  sends as a dense bucket (in ``auto.dense_dtype``), its error memory cleared. A step whose groups are all dense
+  is a dense step (on the sampled steps, ``measures``, the warm start then follows the exact average and every
+  ladder rank is measured).
 * **Error signals**: unsent energy of the averaged update (low rank: ``sync/aggregate_gain.py``; Top-k:
   ``sync/sparse_unsent.py``) or QSGD's added variance (``sync/quant_variance.py``), agreed, per group and level.
 * **Re-projection before a raise**: a group whose new code raises its rank (from a lower rank, or from dense,
@@ -125,7 +125,9 @@ class AutoController(Controller):
             return VarianceSpec(members=members, count=len(self.groups), cfs=QSGD_CFS,
                                 s=tuple(LEVELS_FOR_CF[cf] for cf in QSGD_CFS), block=block)
         self.signals = GroupErrors(self.groups, RANKS)
-        return GroupSpec(members=members, count=len(self.groups), ranks=RANKS)
+        # buckets of their own: a group at the dense rung is then a dense bucket, all-reduced in the dense dtype
+        # (bf16), not plain fp32 values riding in another group's low-rank payload at twice the bytes
+        return GroupSpec(members=members, count=len(self.groups), ranks=RANKS, bucketed=True)
 
     @property
     def codec_levels(self) -> tuple[float, ...]:
@@ -248,8 +250,8 @@ class AutoController(Controller):
         and D − 1's counts towards the next interval. The steps between take no signals (their per-group terms
         cost a pass over every gradient in float64) and, over low rank, skip a dense step's power iteration."""
         step = int(step)
-        if step < self.start:
-            return True
+        if step < self.start or (step == self.reproject_step and self.reproject):
+            return True         # a re-projection's power iteration is what makes the raised rank current
         to_next = self.interval - (step - self.start) % self.interval      # steps until the next decision
         return to_next <= self.sample_steps + 1
 
