@@ -95,15 +95,16 @@ def exchange_rule(config: GravacConfig, engine: Any, world_size: int) -> ReduceR
 
 def controller_context(config: GravacConfig, comp: Compressor, engine: Any, world_size: int, rank: int,
                        compressible: tuple[str, ...], cost_fits: Optional[Callable[[], Any]] = None,
-                       measure_link: Optional[Callable[[], Any]] = None) -> ControllerContext:
-    """The static facts a controller is bound with (attach, and ``python -m ds_gravac.plan`` for one rank)."""
+                       measure_link: Optional[Callable[[], Any]] = None, *, rule: ReduceRule) -> ControllerContext:
+    """The static facts a controller is bound with (attach, and ``python -m ds_gravac.plan`` for one rank);
+    ``rule``: the run's averaging (``exchange_rule``), whose dense bytes per value the controller prices."""
     return ControllerContext(
         world_size=world_size, samples_per_step=int(engine.train_micro_batch_size_per_gpu()
                                                     * engine.gradient_accumulation_steps()),
         realize_cf=comp.realize_cf, cf_grid=comp.cf_grid(), multilevel=comp.multilevel,
         gain_kind=comp.gain_kind, level_kind=comp.level_kind, compressible=compressible, rank=rank,
         default_level=static_default_level(config, comp), cost_fits=cost_fits, measure_link=measure_link,
-        dense_bytes_per_element=exchange_rule(config, engine, world_size).comm_bytes_per_element)
+        dense_bytes_per_element=rule.comm_bytes_per_element)
 
 
 def check_optimizer_takeover(config: GravacConfig, comp: Compressor, dense: Sequence[str], clip: float) -> None:

@@ -127,7 +127,8 @@ class GravacHandle:
                                     cfg.seed)
             link = remeasure()
         self.controller.bind(controller_context(cfg, comp, eng, world, rank, compressible,
-                                                lambda: _agreed_fits(self.sync, link), remeasure))
+                                                lambda: _agreed_fits(self.sync, link), remeasure,
+                                                rule=self.sync.rule))
 
     def _install(self) -> None:
         """The one place the engine changes: our gradient hooks in, ZeRO's out, the settings we apply ourselves

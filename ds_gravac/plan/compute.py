@@ -208,7 +208,7 @@ def plan_engine(engine: Any, world_size: int, rate_bit_s: float, alpha_s: float)
              float(engine.gradient_clipping() or 0.0))
     compressible = tuple(m.name for m in members if m.compressible)
     ok, _ = _attempt(plan, controller.bind, controller_context(cfg, comp, engine, world_size, 0, compressible,
-                                                               lambda: fits))
+                                                               lambda: fits, rule=rule))
     if not ok:
         return plan
     decision = first_decision(cfg, controller, plan)
