@@ -112,6 +112,7 @@ class AutoConfig(StrictModel):
     min_gain: float = Field(0.03, ge=0.0, lt=1.0)               # predicted saving needed to switch
     budget_quiet: float = Field(1.0, gt=0.0, le=4.0)            # β: error budget in units of the reference's error
     budget_tight: float = Field(0.25, ge=0.0, le=4.0)
+    group_cap: Optional[float] = Field(2.0, ge=1.0, le=100.0)    # no group above cap·β·its reference error (null: off)
     pin_below_numel: int = Field(16384, ge=0)                   # groups smaller than this keep >= the reference
     efficiency_floor: float = Field(0.99, gt=0.0, le=1.0)       # quantizers: quiet budget S·(1/E − 1) of variance
     dense_dtype: Literal["bf16", "fp16", "engine"] = "bf16"     # the dense rung's all-reduce (engine: its dtype)

@@ -103,21 +103,24 @@ SHAPES = [("stem.weight", (64, 3, 7, 7)), *[(f"a{i}.weight", (256, 2304)) for i 
           *[(f"b{i}.weight", (512, 4608)) for i in range(3)], ("fc.weight", (100, 2048))]
 
 
-def _signals(ctl: AutoController) -> tuple[GroupSignal, ...]:
-    """A dense step's signals: every group's energy and prefix energies of a spectrum ‖c_k‖² ∝ 1/k."""
+def _signals(ctl: AutoController, steep: str = "") -> tuple[GroupSignal, ...]:
+    """A dense step's signals: every group's energy and prefix energies of a spectrum ‖c_k‖² ∝ 1/k (group
+    ``steep``: ∝ 1/k², at a tenth of the energy — cheap to compress hard, as the LSTM's embedding was)."""
     out = []
     for g in ctl.groups:
         n, m = g.shape
         width = min(n, m, RANKS[0])
-        spectrum = [1.0 / k for k in range(1, min(n, m) + 1)]
-        energy = 10.0 * g.count
+        power = 2.0 if g.name == steep else 1.0
+        spectrum = [1.0 / k ** power for k in range(1, min(n, m) + 1)]
+        energy = (1.0 if g.name == steep else 10.0) * g.count
         scale = energy / sum(spectrum)
         prefix = tuple(scale * sum(spectrum[:r]) if r <= width else None for r in RANKS)
         out.append(GroupSignal(den=energy, applied=energy, prefix=prefix))
     return tuple(out)
 
 
-def _controller(rate_bit_s: float, remeasured_bit_s: float = 0.0, **keys: object) -> AutoController:
+def _controller(rate_bit_s: float, remeasured_bit_s: float = 0.0, steep: str = "", **keys: object
+                ) -> AutoController:
     """Signals of three steps observed; the link at ``rate_bit_s``, re-timed at ``remeasured_bit_s`` (every
     decision after the first) when given; ``keys`` override the ``auto`` section."""
     auto = {"interval_steps": 10, "dwell": 0, "remeasure_decisions": 1 if remeasured_bit_s else 0, **keys}
@@ -130,7 +133,7 @@ def _controller(rate_bit_s: float, remeasured_bit_s: float = 0.0, **keys: object
                                compressible=tuple(n for n, _ in SHAPES), cost_fits=lambda: fits,
                                measure_link=lambda: later))
     for step in range(3):
-        _observe(ctl, step, _signals(ctl))
+        _observe(ctl, step, _signals(ctl, steep))
     return ctl
 
 
@@ -168,6 +171,23 @@ def test_a_slow_link_compresses_more_than_a_fast_one() -> None:
         want = float(level.value) if level.family == LOWRANK else PLAIN
         assert all(decision.level_for(m) == want for m in g.members)
     assert all(math.isfinite(v) for v in slow.last.values())
+
+
+@pytest.mark.parametrize("rate_bit_s", [1e7, 1e8])
+def test_no_group_exceeds_its_cap_and_without_caps_one_would(rate_bit_s: float) -> None:
+    """On a slow link the summed budget alone lets the steep group go to rank 2 (6.7 times its own rank-16
+    error) and pays for it with a dense group; with ``group_cap`` 2 (the default) every group stays within
+    2·β·its reference error."""
+    errors_of = {}
+    for cap in (None, 2.0):
+        ctl = _controller(rate_bit_s, steep="512x4608", group_cap=cap)
+        quiet = ctl.tight_until
+        ctl.accept(quiet, ctl.propose(quiet, 0.1))
+        _, errors = ctl._tables(ctl.signals)
+        ratios = [errors[g][c] / errors[g][r] for g, (c, r) in enumerate(zip(ctl.codes, ctl.reference))]
+        errors_of[cap] = max(ratios)
+        assert ctl.last["error"] <= ctl.last["budget"]
+    assert errors_of[None] > 2.0 >= errors_of[2.0]
 
 
 def test_a_link_change_re_plans_at_the_next_decision() -> None:

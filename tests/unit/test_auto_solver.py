@@ -15,12 +15,14 @@ from ds_gravac.adapt.auto.solver import Hysteresis, solve, totals
 BRUTE_EXAMPLES = 400
 
 
-def brute(times, errors, budget) -> Optional[tuple]:
-    """Every code vector: least time, then least error, then the smaller codes group by group."""
+def brute(times, errors, budget, caps=None) -> Optional[tuple]:
+    """Every code vector: least time, then least error, then the smaller codes group by group (with ``caps``:
+    only vectors whose every group's error is within its cap)."""
     best = None
     for codes in itertools.product(*[range(len(r)) for r in times]):
         t, e = totals(times, errors, codes)
-        if e <= budget and (best is None or (t, e, codes) < best):
+        capped = caps is None or all(errors[g][c] <= caps[g] for g, c in enumerate(codes))
+        if e <= budget and capped and (best is None or (t, e, codes) < best):
             best = (t, e, codes)
     return best
 
@@ -51,6 +53,54 @@ def test_equal_to_brute_force_on_small_instances(inst) -> None:
     else:
         assert plan.feasible and plan.exact
         assert (plan.time, plan.error, plan.codes) == want
+
+
+@st.composite
+def capped_instances(draw):
+    times, errors, budget = draw(instances())
+    return times, errors, budget, [draw(quarters) for _ in times]
+
+
+@settings(max_examples=BRUTE_EXAMPLES, deadline=None, derandomize=True)
+@given(capped_instances())
+def test_per_group_caps_equal_to_brute_force(inst) -> None:
+    """Caps only remove levels: the plan is brute force's over the vectors within every cap; without one, the
+    least-error plan that stays within the caps wherever a group can, reported infeasible."""
+    times, errors, budget, caps = inst
+    want = brute(times, errors, budget, caps)
+    plan = solve(times, errors, budget, caps=caps)
+    if want is None:
+        assert not plan.feasible
+    else:
+        assert plan.feasible and plan.exact
+        assert (plan.time, plan.error, plan.codes) == want
+
+
+def test_a_cap_keeps_one_group_from_spending_the_whole_budget() -> None:
+    """The LSTM's failure in miniature: the summed budget lets the big group (cheap to compress hard) take all
+    of it while the small one goes dense; its cap of twice its reference error forbids that corner."""
+    times = [[1.0, 0.6, 0.3, 0.1], [0.2, 0.15, 0.1, 0.08], [0.2, 0.16, 0.1, 0.08]]     # dense, rank 16, 8, 2
+    errors = [[0.0, 1.0, 1.8, 2.9]] * 3
+    reference = (1, 1, 1)
+    budget = totals(times, errors, reference)[1]          # 3.0: room for rank 2 on group 0 if the others go dense
+    assert solve(times, errors, budget, reference=reference).codes == (3, 0, 0)
+    caps = [2.0 * errors[g][c] for g, c in enumerate(reference)]
+    plan = solve(times, errors, budget, reference=reference, caps=caps)
+    assert plan.feasible and plan.codes == (2, 1, 0) and all(errors[g][c] <= caps[g] for g, c in enumerate(plan.codes))
+    with pytest.raises(ValueError):
+        solve(times, errors, budget, caps=[1.0])
+
+
+def test_a_group_above_its_cap_frees_every_group_from_dwell() -> None:
+    """A plan within the summed budget but with one group above its cap is violated: hysteresis moves it at once."""
+    times = [[1.0, 0.3, 0.1], [1.0, 0.3, 0.1]]
+    errors = [[0.0, 1.0, 3.0], [0.0, 1.0, 3.0]]
+    h = Hysteresis(groups=2, min_gain=0.03, dwell=5)
+    h.changed_at = [0, 0]                                     # both groups just changed: dwelling
+    held, moved = h.step(1, (2, 0), times, errors, budget=3.0)
+    assert held == (2, 0) and not moved
+    codes, moved = h.step(1, (2, 0), times, errors, budget=3.0, caps=[2.0, 2.0])
+    assert moved and all(errors[g][c] <= 2.0 for g, c in enumerate(codes))
 
 
 @pytest.mark.parametrize("seed", range(40))

@@ -55,6 +55,7 @@ from ..base import AgreedStats, Controller, ControllerContext
 from .ladder import (DENSE, LOWRANK, QSGD, QSGD_BITS, RANKS, REFERENCE, SPARSE, SPARSE_CFS, Group, Level, build_groups,
                      uniform_codes)
 from .signals import GroupErrors, GroupLevelErrors
+from .budget import Budget, error_budget
 from .solver import Hysteresis, totals
 from .timing import GEMM, Pricer, link_fits
 
@@ -229,16 +230,9 @@ class AutoController(Controller):
         return [list(row) for row in self._priced[1]], signals.errors(self.groups)
 
     def _budget(self, errors: list[list[float]], times: list[list[float]], tight: bool,
-                signals: GroupErrors | GroupLevelErrors) -> tuple[float, float, float]:
-        """β times the reference's error; over a quantizer, while quiet, at least the variance that keeps
-        ``S/(S + V)`` at ``efficiency_floor`` (8 bits everywhere adds far less than a step's signal energy)."""
-        a = self.config.auto
-        ref_t, ref_e = totals(times, errors, self.reference)
-        beta = a.budget_tight if tight else a.budget_quiet
-        budget = float(beta) * ref_e
-        if not tight and self.family == QSGD and isinstance(signals, GroupLevelErrors):
-            budget = max(budget, signals.signal() * (1.0 / float(a.efficiency_floor) - 1.0))
-        return ref_t, ref_e, budget
+                signals: GroupErrors | GroupLevelErrors) -> Budget:
+        signal = signals.signal() if isinstance(signals, GroupLevelErrors) else None
+        return error_budget(self.config.auto, self.family, times, errors, self.reference, tight, signal)
 
     # ---- the rank-0 decision and its application -------------------------------------------------------
     def broadcast_point(self, step: int) -> bool:
@@ -286,9 +280,9 @@ class AutoController(Controller):
         codes = list(self.codes)
         if signals.ready:
             times, errors = self._tables(signals)
-            budget = self._budget(errors, times, tight, signals)[2]
-            codes = list(copy.deepcopy(self.hyst).step(self.decisions, self.codes, times, errors, budget,
-                                                       reference=self.reference)[0])
+            budget = self._budget(errors, times, tight, signals)
+            codes = list(copy.deepcopy(self.hyst).step(self.decisions, self.codes, times, errors, budget.total,
+                                                       reference=self.reference, caps=budget.caps)[0])
         return torch.tensor(codes + [int(tight)], dtype=torch.int64)
 
     def accept(self, step: int, proposal: torch.Tensor) -> set[str]:
@@ -322,7 +316,8 @@ class AutoController(Controller):
         self._levels = self._member_levels(codes)
         if self.signals.ready:
             times, errors = self._tables(self.signals)
-            ref_t, ref_e, budget = self._budget(errors, times, tight, self.signals)
+            b = self._budget(errors, times, tight, self.signals)
+            ref_t, ref_e, budget = b.ref_time, b.ref_error, b.total
             t, e = totals(times, errors, codes)
             compute = self.last["compute"] if measured is None else max(0.0, measured - totals(times, errors, ran)[0])
             known = measured is not None or self.last["step"] > 0.0

@@ -1,7 +1,8 @@
 """The plan: one level per group with the least predicted step time whose summed error stays within a budget.
 
 A multiple-choice knapsack: group g at level j costs ``t[g][j]`` seconds and adds ``e[g][j]`` error; minimize
-``Σ t`` subject to ``Σ e ≤ B``. Everything is float64 and summed in group order, and ties are broken by the
+``Σ t`` subject to ``Σ e ≤ B`` and, optionally, ``e[g][j] ≤ cap[g]`` per group (levels above a group's cap are
+simply not offered, so one group cannot spend the whole model's budget). Everything is float64 and summed in group order, and ties are broken by the
 smaller error, then by the code vector compared group by group (the lower level index first), so the same input
 gives the same plan on every rank and in every run.
 
@@ -53,7 +54,27 @@ def totals(times: Sequence[Sequence[float]], errors: Sequence[Sequence[float]], 
     return t, e
 
 
-def _check(times: Sequence[Sequence[float]], errors: Sequence[Sequence[float]], budget: float) -> None:
+def within_caps(errors: Sequence[Sequence[float]], codes: Sequence[int], caps: Optional[Sequence[float]]) -> bool:
+    """Every group's error at its code is at most its cap (no caps: always)."""
+    return caps is None or all(errors[g][c] <= caps[g] for g, c in enumerate(codes))
+
+
+def _capped(es: list[np.ndarray], opts: list[np.ndarray], caps: Optional[Sequence[float]]) -> list[np.ndarray]:
+    """Each group's levels within its cap; a group with none keeps its least-error levels (the plan is then
+    infeasible, and least-error is the fallback anyway)."""
+    if caps is None:
+        return opts
+    out = []
+    for e, o, cap in zip(es, opts, caps):
+        kept = o[e[o] <= cap]
+        out.append(kept if kept.size else o[e[o] == e[o].min()])
+    return out
+
+
+def _check(times: Sequence[Sequence[float]], errors: Sequence[Sequence[float]], budget: float,
+           caps: Optional[Sequence[float]] = None) -> None:
+    if caps is not None and (len(caps) != len(times) or any(math.isnan(c) or c < 0 for c in caps)):
+        raise ValueError(f"ds_gravac: {len(times)} groups need as many caps >= 0 (got {list(caps)})")
     if len(times) != len(errors):
         raise ValueError(f"ds_gravac: {len(times)} time rows but {len(errors)} error rows")
     for g, (tr, er) in enumerate(zip(times, errors)):
@@ -206,18 +227,19 @@ def pareto_search(ts: list[np.ndarray], es: list[np.ndarray], opts: list[np.ndar
 
 def solve(times: Sequence[Sequence[float]], errors: Sequence[Sequence[float]], budget: float,
           reference: Optional[Sequence[int]] = None, fixed: Optional[Mapping[int, int]] = None,
-          frontier_cap: int = FRONTIER_CAP) -> Plan:
-    """The plan of least ``Σ t`` with ``Σ e ≤ budget`` (see the module docstring). ``fixed``: groups held at a
-    code (dwell). Without any plan that fits, the least-error plan, with ``feasible=False``."""
-    _check(times, errors, budget)
+          frontier_cap: int = FRONTIER_CAP, caps: Optional[Sequence[float]] = None) -> Plan:
+    """The plan of least ``Σ t`` with ``Σ e ≤ budget`` and every group within its cap (see the module
+    docstring). ``fixed``: groups held at a code (dwell). Without any plan that fits, the least-error plan, with
+    ``feasible=False``."""
+    _check(times, errors, budget, caps)
     ts = [np.asarray(r, dtype=np.float64) for r in times]
     es = [np.asarray(r, dtype=np.float64) for r in errors]
     fixed = dict(fixed or {})
-    opts = [np.array([fixed[g]]) if g in fixed else o for g, o in enumerate(undominated(ts, es))]
+    opts = [np.array([fixed[g]]) if g in fixed else o for g, o in enumerate(_capped(es, undominated(ts, es), caps))]
 
     def plan(codes: Sequence[int], exact: bool) -> Plan:
         t, e = totals(times, errors, codes)
-        return Plan(tuple(int(c) for c in codes), t, e, e <= budget, exact)
+        return Plan(tuple(int(c) for c in codes), t, e, e <= budget and within_caps(errors, codes, caps), exact)
 
     first = lagrangian(ts, es, opts, budget)
     if first is None:
@@ -234,7 +256,7 @@ def solve(times: Sequence[Sequence[float]], errors: Sequence[Sequence[float]], b
         return incumbent
     exact = plan(best, exact=True)
     return exact if exact.key() <= incumbent.key() else Plan(incumbent.codes, incumbent.time, incumbent.error,
-                                                              True, True)
+                                                              incumbent.feasible, True)
 
 
 def solve_view(times: Sequence[Sequence[float]], errors: Sequence[Sequence[float]], budget: float,
@@ -269,17 +291,19 @@ class Hysteresis:
 
     def step(self, decision: int, current: Sequence[int], times: Sequence[Sequence[float]],
              errors: Sequence[Sequence[float]], budget: float, compute_s: float = 0.0,
-             reference: Optional[Sequence[int]] = None) -> tuple[tuple[int, ...], bool]:
+             reference: Optional[Sequence[int]] = None, caps: Optional[Sequence[float]] = None
+             ) -> tuple[tuple[int, ...], bool]:
         """The codes to use from decision number ``decision`` on, and whether they changed."""
         cur_t, cur_e = totals(times, errors, current)
-        violated = cur_e > budget
+        violated = cur_e > budget or not within_caps(errors, current, caps)
         fixed = {} if violated else {g: int(c) for g, c in enumerate(current)
                                      if decision - self.changed_at[g] < self.dwell}
-        new = solve(times, errors, budget, reference=reference, fixed=fixed)
+        new = solve(times, errors, budget, reference=reference, fixed=fixed, caps=caps)
         if fixed and reference is not None:
             ref_t, ref_e = totals(times, errors, reference)
-            if ref_e <= budget and new.time > ref_t:      # dwell may delay a switch, never lose to the reference
-                new = solve(times, errors, budget, reference=reference)
+            ref_fits = ref_e <= budget and within_caps(errors, reference, caps)
+            if ref_fits and new.time > ref_t:      # dwell may delay a switch, never lose to the reference
+                new = solve(times, errors, budget, reference=reference, caps=caps)
         gain = (cur_t - new.time) / (compute_s + cur_t) if compute_s + cur_t > 0 else 0.0
         if tuple(new.codes) == tuple(current) or not (violated or gain >= self.min_gain):
             return tuple(int(c) for c in current), False
@@ -290,4 +314,4 @@ class Hysteresis:
 
 
 __all__ = ["FRONTIER_CAP", "Plan", "Hysteresis", "lagrangian", "undominated", "pareto_search", "repair", "solve",
-           "solve_view", "totals"]
+           "solve_view", "totals", "within_caps"]
