@@ -21,6 +21,12 @@ Two kinds of error, in different units of learning, so the solver budgets each f
     residual ``N⁻¹ Σ_w (x_w − T_k(x_w))``; levels are nested (a smaller k is a prefix of the same order), so one
     sort per rank gives every level (:func:`sparse_unsent`).
 
+The solver budgets error feedback in **residual in flight** (:func:`residual_in_flight`), not in unsent energy:
+a level that sends the fraction ``δ = 1 − u`` of what reaches it each step holds, in steady state, a memory ``M``
+with ``M = (1 − δ)(M + S)``, i.e. ``M = S·u/(1 − u)`` — energy waits ``1/δ`` steps on average. Unsent energy
+``S·u`` is nearly flat where ``u`` is near 1 (the LSTM's 10,000 × 200 embedding leaves 88% unsent at rank 16 and
+98% at rank 2: 1.1× the error, but a seventh of the sent energy); the residual in flight is 7.2·S against 54·S.
+
 Everything is float64, and the functions are pure: the same tensors give the same numbers on every rank.
 """
 from __future__ import annotations
@@ -74,6 +80,20 @@ def variance_budget(signal: float, e_min: float) -> float:
     if not 0.0 < e_min <= 1.0:
         raise ValueError(f"ds_gravac: e_min must be in (0, 1] (got {e_min})")
     return signal * (1.0 / e_min - 1.0)
+
+
+# ---- error feedback ---------------------------------------------------------------------------------------
+UNSENT_MAX = 1.0 - 1e-6      # a level sending (next to) nothing: a residual of 10⁶·S, large and finite
+
+
+def residual_in_flight(unsent: float, energy: float) -> float:
+    """``S·u/(1 − u)`` with ``S = energy`` and ``u = unsent/energy`` clamped to ``[0, UNSENT_MAX]``: the
+    steady-state error-feedback memory of a level that leaves the fraction ``u`` of each step's energy for later
+    (0 without energy)."""
+    if not energy > 0.0:
+        return 0.0
+    u = min(max(float(unsent) / float(energy), 0.0), UNSENT_MAX)
+    return float(energy) * u / (1.0 - u)
 
 
 # ---- error feedback: low rank ----------------------------------------------------------------------------
@@ -146,5 +166,6 @@ def sq_norm(x: Tensor) -> float:
     return float(torch.dot(f, f))
 
 
-__all__ = ["qsgd_variance", "averaged_qsgd_variance", "efficiency", "variance_budget", "lowrank_unsent",
+__all__ = ["qsgd_variance", "averaged_qsgd_variance", "efficiency", "variance_budget", "residual_in_flight",
+           "UNSENT_MAX", "lowrank_unsent",
            "averaged_factor_energies", "svd_unsent", "sparse_unsent", "sq_norm"]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Optional, Sequence
 
+from .error_model import residual_in_flight
 from .ladder import LOWRANK, QSGD, Group
 
 
@@ -84,7 +85,8 @@ class GroupErrors:
         return out
 
     def errors(self, groups: Sequence[Group]) -> list[list[float]]:
-        """Unsent energy of every rung of every ladder: 0 for dense, ``fraction(r)·energy`` for rank r."""
+        """The residual in flight of every rung of every ladder (``error_model.residual_in_flight``): 0 for dense,
+        ``E·u/(1 − u)`` for rank r, with ``u`` its unsent fraction and ``E`` the group's energy."""
         pos = {r: j for j, r in enumerate(self.ranks)}
         out = []
         for g, group in enumerate(groups):
@@ -94,7 +96,7 @@ class GroupErrors:
                     row.append(0.0)
                     continue
                 f = self.frac[g][pos[int(level.value)]]
-                row.append((1.0 if f < 0 else f) * self.energy[g])
+                row.append(residual_in_flight((1.0 if f < 0 else f) * self.energy[g], self.energy[g]))
             out.append(row)
         return out
 
@@ -178,11 +180,16 @@ class GroupLevelErrors:
 
     def errors(self, groups: Sequence[Group]) -> list[list[float]]:
         """The error of every rung of every ladder: 0 for dense, the group's mean at the rung's CF (QSGD's b bits:
-        CF 32/b)."""
+        CF 32/b) — added variance over QSGD; over a sparsifier its pooled unsent energy as a residual in flight
+        (``error_model.residual_in_flight``)."""
         pos = {cf: j for j, cf in enumerate(self.cfs)}
-        return [[self.level_error[g][pos[32.0 / level.value if level.family == QSGD else level.value]]
-                 if level.family == self.family else 0.0 for level in group.ladder]
-                for g, group in enumerate(groups)]
+
+        def rung(g: int, level: Any) -> float:
+            if level.family != self.family:
+                return 0.0
+            value = self.level_error[g][pos[32.0 / level.value if level.family == QSGD else level.value]]
+            return value if self.family == QSGD else residual_in_flight(value, self.energy[g])
+        return [[rung(g, level) for level in group.ladder] for g, group in enumerate(groups)]
 
     def state_dict(self) -> dict[str, Any]:
         return {"energy": list(self.energy), "measured": list(self.measured), "previous": list(self.previous),
