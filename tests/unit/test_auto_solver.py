@@ -193,3 +193,23 @@ def test_hysteresis_needs_three_percent_or_a_violated_budget_and_keeps_dwelling_
     assert moved3 and codes3 == (0, 0)
     with pytest.raises(ValueError):
         Hysteresis(groups=1, min_gain=1.5)
+
+
+def test_a_plan_must_beat_the_reference_by_min_gain_of_the_step() -> None:
+    """The LSTM at 1 Gbit/s in miniature: a corner (group 0 compressed hard, group 1 dense) fits the budget and
+    saves 0.006 s of exchange over the reference's 0.046 s — 13% of the exchange but 2% of a 0.28 s step, so the
+    reference is the plan; with the compute unknown (0) or a saving of 5% of the step, the corner is."""
+    times = [[0.040, 0.026, 0.010], [0.030, 0.020, 0.010]]      # dense, rank 16, rank 2
+    errors = [[0.0, 1.0, 2.0], [0.0, 1.0, 2.0]]
+    reference = (1, 1)
+    budget = totals(times, errors, reference)[1]
+    corner = solve(times, errors, budget, reference=reference).codes
+    assert corner != reference and totals(times, errors, corner)[0] < totals(times, errors, reference)[0]
+    start = (0, 0)                                             # the tight phase's dense plan
+    kept, _ = Hysteresis(groups=2).step(0, start, times, errors, budget, compute_s=0.234, reference=reference)
+    assert kept == reference
+    moved, _ = Hysteresis(groups=2).step(0, start, times, errors, budget, compute_s=0.0, reference=reference)
+    assert moved == corner
+    faster = [[0.040, 0.026, 0.001], [0.030, 0.020, 0.010]]    # the corner now saves 0.015 s: 5% of the step
+    moved, _ = Hysteresis(groups=2).step(0, start, faster, errors, budget, compute_s=0.234, reference=reference)
+    assert moved == solve(faster, errors, budget, reference=reference).codes != reference

@@ -282,7 +282,8 @@ class AutoController(Controller):
             times, errors = self._tables(signals)
             budget = self._budget(errors, times, tight, signals)
             codes = list(copy.deepcopy(self.hyst).step(self.decisions, self.codes, times, errors, budget.total,
-                                                       reference=self.reference, caps=budget.caps)[0])
+                                                       compute_s=self.last["compute"], reference=self.reference,
+                                                       caps=budget.caps)[0])
         return torch.tensor(codes + [int(tight)], dtype=torch.int64)
 
     def accept(self, step: int, proposal: torch.Tensor) -> set[str]:

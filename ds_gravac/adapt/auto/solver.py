@@ -276,7 +276,8 @@ class Hysteresis:
     """When a new plan replaces the current one: only for a predicted gain of at least ``min_gain`` of the step,
     or when the current plan violates the budget; a group that changed less than ``dwell`` decisions ago keeps
     its level (unless the budget is violated, or holding it would leave the plan predicted slower than a reference
-    that fits the budget: then every group may move)."""
+    that fits the budget: then every group may move). A plan other than a reference that fits must also beat the
+    reference by ``min_gain`` of the step, else the reference is the plan."""
 
     groups: int
     min_gain: float = 0.03
@@ -299,11 +300,15 @@ class Hysteresis:
         fixed = {} if violated else {g: int(c) for g, c in enumerate(current)
                                      if decision - self.changed_at[g] < self.dwell}
         new = solve(times, errors, budget, reference=reference, fixed=fixed, caps=caps)
-        if fixed and reference is not None:
+        if reference is not None:
             ref_t, ref_e = totals(times, errors, reference)
             ref_fits = ref_e <= budget and within_caps(errors, reference, caps)
-            if ref_fits and new.time > ref_t:      # dwell may delay a switch, never lose to the reference
+            if fixed and ref_fits and new.time > ref_t:      # dwell may delay a switch, never lose to the reference
                 new = solve(times, errors, budget, reference=reference, caps=caps)
+            if ref_fits and ref_t - new.time < self.min_gain * (compute_s + ref_t):
+                # the validated uniform level unless leaving it pays min_gain of the step: a plan that
+                # differs from it for a few percent trades known accuracy for an error model's promise
+                new = Plan(tuple(int(c) for c in reference), ref_t, ref_e, True, new.exact)
         gain = (cur_t - new.time) / (compute_s + cur_t) if compute_s + cur_t > 0 else 0.0
         if tuple(new.codes) == tuple(current) or not (violated or gain >= self.min_gain):
             return tuple(int(c) for c in current), False
