@@ -1,0 +1,39 @@
+"""``ds_gravac_bench.step_times``: medians past the skipped steps, mean bytes, the rate read from meta.json, no
+machine paths, and a clear error for a malformed argument — on real files written here."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ds_gravac_bench.step_times import main
+
+
+def _run_dir(root: Path, times: dict[str, list[float]]) -> Path:
+    (root / "systems").mkdir(parents=True)
+    (root / "meta.json").write_text(json.dumps({"env": {"cpu": "AMD EPYC", "cores": 2, "torch": "t"},
+                                                "network": {"rate": "100mbit", "measured_mbit": 99.94}}))
+    for name, ts in times.items():
+        d = root / "systems" / name
+        d.mkdir()
+        lines = [json.dumps({"step": i, "time/step": t, "bytes_sent": 1000.0 * (i + 1)}) for i, t in enumerate(ts)]
+        (d / "steps.jsonl").write_text("\n".join(lines) + "\n")
+    return root
+
+
+def test_medians_skip_the_first_steps_and_paths_are_stripped(tmp_path: Path) -> None:
+    run = _run_dir(tmp_path / "r", {"a": [9.0, 9.0, 1.0, 3.0, 2.0], "b": [5.0, 0.5, 0.25, 0.75]})
+    out = tmp_path / "kept.json"
+    main([str(out), f"100mbit={run}", "--title", "t", "--command", f"python x --out {tmp_path}/y"])
+    kept = json.loads(out.read_text())
+    a, b = kept["rates"]["100mbit"]["systems"]["a"], kept["rates"]["100mbit"]["systems"]["b"]
+    assert a == {"median_s": 2.0, "steps": 3, "mean_bytes": 4000}        # steps 2..4: 1, 3, 2 s; 3, 4, 5 kB
+    assert b == {"median_s": 0.5, "steps": 2, "mean_bytes": 3500}
+    assert kept["rates"]["100mbit"]["measured_mbit"] == 99.9
+    assert str(tmp_path) not in out.read_text()
+
+
+def test_a_malformed_rate_argument_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="RATE=DIR"):
+        main([str(tmp_path / "o.json"), "runs/x", "--title", "t", "--command", "c"])
