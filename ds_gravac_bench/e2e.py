@@ -172,8 +172,9 @@ def run_matrix(opts: argparse.Namespace, after_system: Optional[Callable[[Path, 
                             "fidelity": getattr(opts, "fidelity", None),
                             "network": {"rate": net, "delay": "0"}, "systems": {}}
     every = int(getattr(opts, "checkpoint_every", 0) or 0)
-    earlier = _earlier_systems(out) if every else {}
-    # a continued directory keeps the systems earlier invocations ran and this one does not name
+    earlier = _earlier_systems(out)
+    # a directory keeps the systems earlier invocations ran and this one does not name (a step-time table run in
+    # two invocations, a continued long run); only --checkpoint-every resumes or skips the ones it names
     meta["systems"].update({sid: m for sid, m in earlier.items() if sid not in ids})
     cluster = None
     if not loopback:

@@ -19,14 +19,16 @@ from ds_gravac_bench.keep import strip_paths
 
 
 def system_steps(directory: Path, skip: int) -> dict[str, Any]:
-    """``{"median_s", "steps", "mean_bytes"}`` of one system's ``steps.jsonl``, past its first ``skip`` steps."""
+    """``{"median_s", "mean_s", "steps", "mean_bytes"}`` of one system's ``steps.jsonl``, past its first ``skip``
+    steps (the mean prices a system whose steps differ by design, post-local SGD's averaging every period)."""
     rows = [json.loads(line) for line in (directory / "steps.jsonl").read_text().splitlines() if line.strip()]
     rows = [r for r in rows if "time/step" in r][skip:]
     if not rows:
         raise SystemExit(f"step_times: {directory} has no step past the first {skip}")
     sent = [float(r["bytes_sent"]) for r in rows if r.get("bytes_sent") is not None]
-    return {"median_s": round(statistics.median(float(r["time/step"]) for r in rows), 4), "steps": len(rows),
-            "mean_bytes": round(statistics.fmean(sent)) if sent else None}
+    times = [float(r["time/step"]) for r in rows]
+    return {"median_s": round(statistics.median(times), 4), "mean_s": round(statistics.fmean(times), 4),
+            "steps": len(rows), "mean_bytes": round(statistics.fmean(sent)) if sent else None}
 
 
 def rate_table(run_dir: Path, skip: int) -> dict[str, Any]:

@@ -23,13 +23,16 @@ def _run_dir(root: Path, times: dict[str, list[float]]) -> Path:
 
 
 def test_medians_skip_the_first_steps_and_paths_are_stripped(tmp_path: Path) -> None:
-    run = _run_dir(tmp_path / "r", {"a": [9.0, 9.0, 1.0, 3.0, 2.0], "b": [5.0, 0.5, 0.25, 0.75]})
+    run = _run_dir(tmp_path / "r", {"a": [9.0, 9.0, 1.0, 3.0, 2.0], "b": [5.0, 0.5, 0.25, 0.75],
+                                    "c": [0.0, 0.0, 1.0, 1.0, 4.0]})
     out = tmp_path / "kept.json"
     main([str(out), f"100mbit={run}", "--title", "t", "--command", f"python x --out {tmp_path}/y"])
     kept = json.loads(out.read_text())
     a, b = kept["rates"]["100mbit"]["systems"]["a"], kept["rates"]["100mbit"]["systems"]["b"]
-    assert a == {"median_s": 2.0, "steps": 3, "mean_bytes": 4000}        # steps 2..4: 1, 3, 2 s; 3, 4, 5 kB
-    assert b == {"median_s": 0.5, "steps": 2, "mean_bytes": 3500}
+    assert a == {"median_s": 2.0, "mean_s": 2.0, "steps": 3, "mean_bytes": 4000}   # steps 2..4: 1, 3, 2 s
+    assert b == {"median_s": 0.5, "mean_s": 0.5, "steps": 2, "mean_bytes": 3500}
+    assert kept["rates"]["100mbit"]["systems"]["c"]["median_s"] == 1.0      # a sending step every third
+    assert kept["rates"]["100mbit"]["systems"]["c"]["mean_s"] == 2.0
     assert kept["rates"]["100mbit"]["measured_mbit"] == 99.9
     assert str(tmp_path) not in out.read_text()
 
