@@ -119,6 +119,7 @@ class AutoConfig(StrictModel):
     link: Literal["measure", "nominal"] = "measure"             # time the all-reduce at attach, or assume:
     remeasure_decisions: int = Field(2, ge=0, le=100000)       # "measure": re-time the link every k decisions
     refit_tolerance: Optional[float] = Field(0.03, gt=0.0, le=1.0)   # "measure": re-time when a step is this far off
+    trial_hold_max: int = Field(16, ge=0, le=1000)              # "measure": a mixed plan not measured faster holds
     detector_eta: Optional[float] = Field(0.5, gt=0.0, le=100.0)  # Accordion's norm-change rule per group (null: off)
     link_gbit_s: float = Field(1.0, gt=0.0, le=10000.0)         # a nominal link (deterministic plans)
     link_alpha_s: float = Field(1e-3, ge=0.0, le=1.0)

@@ -323,3 +323,42 @@ def test_a_norm_change_at_an_unchanged_level_tightens_the_next_plan(eta: object)
             assert ctl.codes != ctl.prev_codes                    # the tight budget moved some groups
         else:
             assert tight and fired == [steady] and 0 < len(steady) < len(ctl.groups)
+
+
+# ---- the measured trial of a mixed plan -------------------------------------------------------------------------
+def _interval(ctl: AutoController, step: int, seconds: float, steep: str = "") -> int:
+    """One interval of steps measured at ``seconds`` each; then the decision at its end. Returns that step."""
+    for s in range(step, step + ctl.interval):
+        _observe(ctl, s, _signals(ctl, steep), t_iter=seconds)
+    step += ctl.interval
+    ctl.before_proposal(step)
+    ctl.accept(step, ctl.propose(step, 0.1))
+    return step
+
+
+@pytest.mark.parametrize("hold_max", [16, 0])
+def test_a_mixed_plan_not_measured_faster_than_the_reference_holds_it(hold_max: int) -> None:
+    """100 Mbit/s, a steep group and no caps: the quiet plan is mixed. Its first interval is followed by one of the reference (the control,
+    1.0 s); a mixed interval measured only 1% faster holds the reference for 1, then 2 decisions; one measured 10%
+    faster keeps the mixed plan. With ``trial_hold_max`` 0 the measured steps change nothing."""
+    keys: dict = {"steep": "512x4608", "group_cap": None, "refit_tolerance": None, "trial_hold_max": hold_max}
+    ctl = _controller(1e8, **keys)
+    step = ctl.tight_until
+    ctl.accept(step, ctl.propose(step, 0.1))
+    mixed, ref = list(ctl.codes), list(ctl.reference)
+    assert mixed != ref
+    plans = []
+    for seconds in (0.99, 1.0, 0.99, 1.0, 0.99, 1.0, 1.0, 0.9, 0.9):
+        step = _interval(ctl, step, seconds, keys["steep"])
+        plans.append("M" if ctl.codes == mixed else "R" if ctl.codes == ref else "?")
+    failed = [e for e in ctl.pop_events() if e["event"] == "auto_trial_failed"]
+    if hold_max:
+        #        control  trial  fail  trial  fail: 2 decisions  trial  pays   keeps
+        assert plans == ["R", "M", "R", "M", "R", "R", "M", "M", "M"]
+        assert [e["hold"] for e in failed] == [1, 2] and failed[0]["reference_step"] == 1.0
+        assert ctl.telemetry()["auto/hold"] == 0
+    else:
+        assert plans == ["M"] * 9 and not failed
+    other = _controller(1e8, **keys)
+    other.load_state_dict(ctl.state_dict())
+    assert other.trial == ctl.trial

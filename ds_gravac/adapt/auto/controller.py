@@ -28,6 +28,8 @@ configured compressor — re-planned every ``interval_steps`` under an error bud
 * **Refit**: each decision predicts the next interval's step (the last interval's measured step minus the
   predicted exchange of the plan it ran, plus the new plan's); when the interval's median measured step (agreed)
   is off the prediction by more than ``refit_tolerance``, every rank re-times the link before rank 0 proposes.
+* **Trial**: a mixed plan must measure ``min_gain`` faster than the reference, else the reference is held
+  (``trial.TrialCheck``).
 
 Everything that changes replicated state happens on every rank from agreed values (``accept``, ``decide``,
 ``observe``); rank 0's ``propose`` works on copies.
@@ -46,7 +48,7 @@ from ...errors import GravacConfigError
 from ...compress.kinds import PLAIN, REPROJECT
 from ...compress.qsgd import LEVELS_FOR_CF
 from ...sync.aggregate_gain import GroupSpec
-from ...sync.cost_model.fits import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, FitTable, LinearFit
+from ...sync.cost_model.fits import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, FitTable
 from ...sync.host_values import to_list
 from ...sync.quant_variance import VarianceSpec
 from ...sync.sparse_unsent import UnsentSpec
@@ -57,7 +59,8 @@ from .ladder import (DENSE, LOWRANK, QSGD, QSGD_BITS, RANKS, REFERENCE, SPARSE, 
 from .signals import GroupErrors, GroupLevelErrors
 from .budget import Budget, error_budget
 from .solver import Hysteresis, totals
-from .timing import GEMM, Pricer, link_fits
+from .timing import Pricer, pricer_for
+from .trial import TrialCheck
 
 FIRST_SIGNAL_STEP = 2        # step 0's signals arrive with step 1's statistics: the first plan at step 2
 STATE_VERSION = 1
@@ -89,6 +92,7 @@ class AutoController(Controller):
         self.reference: list[int] = []
         self.signals: GroupErrors | GroupLevelErrors = GroupErrors([], RANKS)
         self.hyst = Hysteresis(0, float(a.min_gain), int(a.dwell))
+        self.trial = TrialCheck(float(a.min_gain), int(a.trial_hold_max) if a.link == "measure" else 0)
         self.decisions = 0
         self.tight_until = self.start + self.tight_steps
         self.prev_lr: Optional[float] = None
@@ -199,26 +203,12 @@ class AutoController(Controller):
                 if before == now and ch >= float(eta)]
 
     def _pricer(self) -> Pricer:
-        """The agreed measured fits (the link timed at attach), else the configured nominal link; a measured
-        ``gemm`` line replaces the low-rank codec prior, QSGD's measured encode and decode its priors."""
-        world = self.ctx.world_size if self.ctx is not None else 2
+        """The agreed measured fits (the re-timed link, else attach's), else the configured nominal link."""
         fits = self._fits
         if fits is None and self.ctx is not None and self.ctx.cost_fits is not None:
             fits = self.ctx.cost_fits()
-        params = dict(self.config.compressor.params)      # the configured compressor's payload, priced as sent
-        shape = {"qsgd_block": int(params.get("bucket_size", 128)) if self.family == QSGD else 128,
-                 "topk_params": params if self.family == SPARSE else None,
-                 "dense_bytes": self.ctx.dense_bytes_per_element if self.ctx is not None else 4}
-        if not isinstance(fits, FitTable):
-            a = self.config.auto
-            return Pricer(link_fits(float(a.link_gbit_s) * 1e9, float(a.link_alpha_s), world), world, **shape)
-        codec: dict[str, dict[str, LinearFit]] = {}
-        if GEMM in fits.names():
-            codec[LOWRANK] = {GEMM: fits.get(GEMM)}
-        measured = {k: fits.get(k) for k in fits.names() if k.startswith(("encode@", "decode@"))}
-        if self.family in (QSGD, SPARSE) and measured:   # the codec timed with the link (this compressor's)
-            codec[self.family] = measured
-        return Pricer({k: fits.get(k) for k in fits.names() if k != GEMM}, world, codec=codec or None, **shape)
+        return pricer_for(fits, self.family, self.config, self.ctx.world_size if self.ctx is not None else 2,
+                          self.ctx.dense_bytes_per_element if self.ctx is not None else 4)
 
     def _tables(self, signals: GroupErrors) -> tuple[list[list[float]], list[list[float]]]:
         """Every rung's seconds (priced once per set of fits: rank 0 prices at ``propose``, every rank again at
@@ -262,6 +252,8 @@ class AutoController(Controller):
             link = self._fits.get(ALL_REDUCE)
             self.log_event(step, "auto_link_measured", all_reduce_a=link.a, all_reduce_b=link.b,
                            reason="periodic" if periodic else "step_off", measured_over_predicted=off)
+            if self.trial.link_measured(float(link.b)):
+                self.log_event(step, "auto_trial_reset", all_reduce_b=link.b)
 
     def proposal_size(self) -> int:
         return len(self.groups) + 1
@@ -284,6 +276,10 @@ class AutoController(Controller):
             codes = list(copy.deepcopy(self.hyst).step(self.decisions, self.codes, times, errors, budget.total,
                                                        compute_s=self.last["compute"], reference=self.reference,
                                                        caps=budget.caps)[0])
+            trial = copy.deepcopy(self.trial)
+            trial.judge(self.codes, self.reference, not self.tight, self._measured_step())
+            if trial.holding and not tight and budget.ref_error <= budget.total:
+                codes = list(self.reference)       # a mixed plan failed its measured trial: hold the reference
         return torch.tensor(codes + [int(tight)], dtype=torch.int64)
 
     def accept(self, step: int, proposal: torch.Tensor) -> set[str]:
@@ -298,6 +294,11 @@ class AutoController(Controller):
             self.tight_until = max(self.tight_until, step + self.tight_steps)
             self.log_event(step, "auto_norm_change", groups=fired, tight_until=self.tight_until)
         measured = self._measured_step()
+        failed = self.trial.judge(self.codes, self.reference, not self.tight, measured)
+        if failed:
+            self.log_event(step, "auto_trial_failed", measured_step=measured, reference_step=self.trial.ref_step,
+                           hold=self.trial.hold)
+        self.trial.spend(not tight)
         switched: set[str] = set()
         for g, (old, new) in enumerate(zip(self.codes, codes)):
             if old != new:
@@ -361,7 +362,7 @@ class AutoController(Controller):
                                for g, c in zip(self.groups, self.codes)}
         ref_e = self.last["ref_error"]
         out.update({"auto/family_code": FAMILY_CODES[self.family], "auto/tight": int(self.tight),
-                    "auto/decisions": self.decisions,
+                    "auto/decisions": self.decisions, "auto/hold": self.trial.hold,
                     "auto/predicted_exchange_s": self.last["time"], "auto/reference_exchange_s": self.last["ref_time"],
                     "auto/predicted_step_s": self.last["step"], "auto/measured_step_s": self.last["measured_step"],
                     "auto/error": self.last["error"], "auto/budget": self.last["budget"],
@@ -376,7 +377,8 @@ class AutoController(Controller):
                 "changed_at": list(self.hyst.changed_at), "decisions": self.decisions,
                 "tight_until": self.tight_until, "prev_lr": self.prev_lr, "tight": self.tight,
                 "last": dict(self.last), "signals": self.signals.state_dict(),
-                "reproject": list(self.reproject), "reproject_step": self.reproject_step}
+                "reproject": list(self.reproject), "reproject_step": self.reproject_step,
+                "trial": self.trial.state_dict()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if state.get("mode", self.mode) != self.mode:
@@ -401,6 +403,7 @@ class AutoController(Controller):
         self.signals.load_state_dict(state["signals"])
         self.reproject = [int(g) for g in state.get("reproject", [])]
         self.reproject_step = int(state.get("reproject_step", -1))
+        self.trial.load_state_dict(state.get("trial", {}))
         self._levels = self._member_levels(self.codes)
 
 

@@ -37,6 +37,7 @@ from ...sync.cost_model.predict import compressed_time, dense_time
 from .ladder import DENSE, LOWRANK, QSGD, SPARSE, Group, Level
 
 if TYPE_CHECKING:
+    from ...config import GravacConfig
     from ...compress.base import Compressor
     from ...sync.collectives import Channels
 
@@ -164,6 +165,26 @@ class Pricer:
     def payload(self, groups: Sequence[Group], codes: Sequence[int]) -> float:
         """Bytes one rank sends per step with these codes."""
         return sum(self.cost(g, g.ladder[c]).payload_bytes for g, c in zip(groups, codes))
+
+
+def pricer_for(fits: Optional[FitTable], family: str, config: "GravacConfig", world: int, dense_bytes: int
+               ) -> Pricer:
+    """The pricer of ``auto``'s plans: over agreed measured ``fits`` (a measured ``gemm`` line replaces the
+    low-rank codec prior, a quantizer's or sparsifier's measured encode and decode its priors), else over the
+    nominal link of ``auto.link_gbit_s``. The configured compressor's payload is priced as it is sent."""
+    params = dict(config.compressor.params)
+    shape = {"qsgd_block": int(params.get("bucket_size", 128)) if family == QSGD else 128,
+             "topk_params": params if family == SPARSE else None, "dense_bytes": dense_bytes}
+    if not isinstance(fits, FitTable):
+        a = config.auto
+        return Pricer(link_fits(float(a.link_gbit_s) * 1e9, float(a.link_alpha_s), world), world, **shape)
+    codec: dict[str, dict[str, LinearFit]] = {}
+    if GEMM in fits.names():
+        codec[LOWRANK] = {GEMM: fits.get(GEMM)}
+    measured = {k: fits.get(k) for k in fits.names() if k.startswith(("encode@", "decode@"))}
+    if family in (QSGD, SPARSE) and measured:
+        codec[family] = measured
+    return Pricer({k: fits.get(k) for k in fits.names() if k != GEMM}, world, codec=codec or None, **shape)
 
 
 def predicted_step(compute_s: float, times: Sequence[Sequence[float]], codes: Sequence[int]) -> float:
