@@ -12,7 +12,9 @@ live here; what they mean is the rule's. A step is a transaction:
   tensor would keep (``x − D(p)``; DGC: the velocity with the sent entries cleared). Still only scratch.
 * After the ranks agreed that every gradient of the step was finite, :meth:`BucketMemory.commit_compressed`
   swaps the scratch with the ``input_slot`` and lets the rule update its other slots, or
-  :meth:`BucketMemory.commit_dense` clears what a dense send transmitted. The old slot buffer becomes the new
+  :meth:`BucketMemory.commit_dense` clears what a dense send transmitted (the bucket then knows its residual
+  is zero: the next stage copies ``g`` without reading ``r``, and a second dense step clears nothing — two
+  passes over the bucket saved on every dense step of ``auto``). The old slot buffer becomes the new
   scratch, which is where the step's decoded gradient is written (so ``p.grad`` of an fp32 contiguous parameter
   is a view of it until the next boundary backward).
 * A step with a non-finite gradient on any rank commits nothing: every slot is exactly as before the step.
@@ -68,6 +70,8 @@ class BucketMemory:
         self.dtype = dtype
         self.scratch = torch.zeros(n, dtype=dtype, device=device)
         self.inv_scale = 1.0        # 1/loss scale of the step being staged: memory lives in unscaled space
+        self.residual_zero = False  # True only after this class cleared the residual (commit_dense, reset):
+                                    # staging then skips reading it; any other writer leaves it False
         self._views: dict[int, list[torch.Tensor]] = {}
 
     # ---- views ------------------------------------------------------------------------------------------
@@ -112,7 +116,7 @@ class BucketMemory:
             if compressor.owns_state:
                 ctxs[i].memory = self.member_memory(i)
                 compressor.memory.compensate(self.grad(m), x, ctxs[i])
-            elif error_feedback and RESIDUAL in self.slots:
+            elif error_feedback and RESIDUAL in self.slots and not self.residual_zero:
                 r = self.views(self.slots[RESIDUAL])[i]
                 torch.add(r.view(g.shape), g.detach(), alpha=alpha, out=x.view(g.shape))   # any layout, one pass
             else:
@@ -132,6 +136,7 @@ class BucketMemory:
         if self.input_slot is None:
             return
         self.slots[self.input_slot], self.scratch = self.scratch, self.slots[self.input_slot]
+        self.residual_zero = False
         rule = compressor.memory
         if compressor.owns_state and payloads is not None and overrides(rule, "commit_memory"):
             for i, m in enumerate(self.members):
@@ -149,8 +154,9 @@ class BucketMemory:
                     rule.dense_sent(self.grad(m), ctxs[i])
                 else:                                   # the base rule: a dense send transmitted everything
                     rule.reset(ctxs[i])
-        elif RESIDUAL in self.slots:
+        elif RESIDUAL in self.slots and not self.residual_zero:     # a dense step after a dense step: no pass
             self.slots[RESIDUAL].zero_()
+            self.residual_zero = True
 
     def release_gradients(self) -> None:
         """Before staging: a ``p.grad`` that is still a view of the scratch (the user kept last step's
@@ -167,6 +173,8 @@ class BucketMemory:
             if names is None or m.name in names:
                 for view in self.member_memory(i).values():
                     view.zero_()
+        if names is None:
+            self.residual_zero = True
 
     def nonzero(self) -> bool:
         return any(bool(buf.any()) for buf in self.slots.values())
@@ -231,6 +239,7 @@ class ErrorFeedbackMemory:
     def _restore(self, slots: dict[str, dict[str, torch.Tensor]]) -> None:
         missing: list[str] = []
         for bm in self.buckets.values():
+            bm.residual_zero = False
             for name, buf in bm.slots.items():
                 saved = slots.get(name, {})
                 for m, view in zip(bm.members, bm.views(buf)):

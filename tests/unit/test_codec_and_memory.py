@@ -127,3 +127,38 @@ def test_commits_form_the_fp32_gradient_only_for_compressors_that_read_it(compre
     if compressor == "powersgd":        # PowerSGD's error is its input slot: nothing else to commit
         mem.commit_compressed(comp, [None, None], ctxs)
         assert formed == []
+
+
+def test_a_dense_commit_leaves_a_residual_that_staging_need_not_read() -> None:
+    """After a dense step the residual is zero and known to be: the next stage is ``x = g`` (as with a zero
+    residual read), a second dense commit clears nothing, and a compressed commit makes the residual live again."""
+    comp = lookup("topk")()
+    bucket = _bucket([1000, 3000])
+    mem = BucketMemory(bucket, ("residual",), "residual")
+    codec = BucketCodec(bucket, comp, [CompressCtx(key=m.name) for m in bucket.members])
+    gen = torch.Generator().manual_seed(2)
+    mem.slots["residual"].normal_(generator=gen)
+    assert not mem.residual_zero                          # a fresh memory may have been written: read it
+
+    def grads() -> torch.Tensor:
+        for m in bucket.members:
+            m.param.grad = torch.randn(m.numel, generator=gen)
+        return torch.cat([m.param.grad for m in bucket.members])
+
+    g = grads()
+    r0 = mem.slots["residual"].clone()
+    assert torch.equal(torch.cat(mem.stage(comp, codec.ctxs, True)), r0 + g)
+    mem.commit_dense(comp, codec.ctxs)
+    assert mem.residual_zero and not mem.slots["residual"].any()
+    g = grads()
+    xs = mem.stage(comp, codec.ctxs, True, inv_scale=0.5)
+    assert torch.equal(torch.cat(xs), 0.5 * g)
+    for ctx, x in zip(codec.ctxs, xs):
+        ctx.residual = x
+    lay, _ = codec.encode(xs, (10.0, 10.0), (), ())
+    codec.leave_memory(xs, lay)
+    mem.commit_compressed(comp, lay.payloads, codec.ctxs)
+    assert not mem.residual_zero and mem.slots["residual"].any()
+    r1 = mem.slots["residual"].clone()
+    g = grads()
+    assert torch.equal(torch.cat(mem.stage(comp, codec.ctxs, True)), r1 + g)
