@@ -17,7 +17,7 @@ from ds_gravac.adapt.base import ControllerContext
 from ds_gravac.config import AutoConfig, parse_config
 from ds_gravac.errors import GravacConfigError
 from ds_gravac.sync.aggregate_gain import AggregateSample, GroupSignal
-from ds_gravac.sync.cost_model.fits import FitTable
+from ds_gravac.sync.cost_model.fits import ALL_REDUCE, FitTable
 from ds_gravac.telemetry.stats import AgreedStats
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
@@ -362,3 +362,21 @@ def test_a_mixed_plan_not_measured_faster_than_the_reference_holds_it(hold_max: 
     other = _controller(1e8, **keys)
     other.load_state_dict(ctl.state_dict())
     assert other.trial == ctl.trial
+
+
+def test_the_first_re_timing_compares_the_link_with_attach_s() -> None:
+    """The trial check's link baseline is the link measured at attach: a link 100x slower at the first re-timing
+    forgets the reference's step and any hold at once (before, that re-timing only became the baseline)."""
+    keys: dict = {"steep": "512x4608", "group_cap": None, "refit_tolerance": None}
+    ctl = _controller(1e8, remeasured_bit_s=1e6, **keys)
+    attach_b = ctl.ctx.cost_fits().get(ALL_REDUCE).b
+    step = ctl.tight_until
+    ctl.accept(step, ctl.propose(step, 0.1))
+    assert ctl.codes != ctl.reference
+    ctl.trial.ref_step, ctl.trial.hold = 1.0, 3                     # a held reference, measured on the old link
+    for s in range(step, step + ctl.interval):
+        _observe(ctl, s, _signals(ctl, keys["steep"]), t_iter=1.0)
+    ctl.before_proposal(step + ctl.interval)
+    resets = [e for e in ctl.pop_events() if e["event"] == "auto_trial_reset"]
+    assert len(resets) == 1 and resets[0]["all_reduce_b"] == pytest.approx(100.0 * attach_b, rel=1e-9)
+    assert (ctl.trial.ref_step, ctl.trial.hold, ctl.trial.backoff) == (0.0, 0, 1)

@@ -248,6 +248,8 @@ class AutoController(Controller):
         periodic = bool(every and self.decisions and self.decisions % every == 0)
         off = self._step_off()
         if measure is not None and (periodic or off is not None):
+            if not self.trial.link_b > 0.0 and self.ctx.cost_fits is not None:
+                self.trial.link_b = float(self.ctx.cost_fits().get(ALL_REDUCE).b)     # attach's link: the baseline
             self._fits = measure()
             link = self._fits.get(ALL_REDUCE)
             self.log_event(step, "auto_link_measured", all_reduce_a=link.a, all_reduce_b=link.b,

@@ -36,7 +36,7 @@ class TrialCheck:
 
     @property
     def holding(self) -> bool:
-        return self.hold_max > 0 and self.hold > 0
+        return self.hold > 0       # judge never sets a hold with hold_max 0
 
     def judge(self, ran: Sequence[int], reference: Sequence[int], quiet: bool, measured: Optional[float]
               ) -> Optional[bool]:
