@@ -62,8 +62,19 @@ def seed_table(dirs: Sequence[Path], clusters: dict[str, list[Path]]) -> dict[st
             raise SystemExit(f"fidelity_seeds: {', '.join(map(str, dirs))} hold different dense runs "
                              f"(final loss {ref['final_loss']} vs {theirs['final_loss']}): not one seed")
         seen = {r["id"] for r in first["systems"]}
-        first = {**first, "systems": first["systems"] + [r for r in other["systems"] if r["id"] not in seen]}
+        rows = [_keep_rates(r, other["systems"]) for r in first["systems"]]
+        first = {**first, "systems": rows + [r for r in other["systems"] if r["id"] not in seen]}
     return {**first, "noise_floor": noise_floor(first["systems"], first["reference"])}   # a kept control counts
+
+
+def _keep_rates(row: dict[str, Any], others: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """``row`` with the rates an earlier report's row of the same run timed and ``row`` lacks: a loopback directory
+    saved again without its cluster runs keeps the times they gave (same section, same steps to each target)."""
+    same = ("section_hash", "steps_to_target", "steps_to_top1")
+    earlier = next((o for o in others if o["id"] == row["id"] and all(o.get(k) == row.get(k) for k in same)), None)
+    if earlier is None or not earlier.get("rates"):
+        return row
+    return {**row, "rates": {**earlier["rates"], **row.get("rates", {})}}
 
 
 def _with_rates(table: dict[str, Any], clusters: dict[str, list[Path]]) -> dict[str, Any]:

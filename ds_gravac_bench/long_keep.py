@@ -11,9 +11,10 @@ directory after every finished run:
 
 - ``fidelity.json``: the seed's report (every finished system's row: final loss and gap, held-out metrics, bytes,
   steps to each target, the counts that price quiet steps), merged with the rows an earlier save kept — a run
-  directory's own rows win. ``fidelity_seeds`` reads such a directory as one seed and times its rows with the
+  directory's own rows win, keeping the cluster times the earlier row of the same run had. ``fidelity_seeds`` reads such a directory as one seed and times its rows with the
   cluster runs it is given, as it does any kept report.
-- ``reference.json``: the dense reference run itself — its settings (``meta.json``), its config and its curve:
+- ``reference.json``: the dense reference run itself — its settings (the ``meta.json`` of the invocation that
+  trained it: a later save of the same curve keeps them), its config and its curve:
   every step's loss bit for bit (float32, as the runners log it, else float64), bytes per step and every
   evaluation. Per-step times are not kept, only their median: loopback times price nothing here.
 
@@ -95,6 +96,10 @@ def save(run_dir: Path, kept: Path, clusters: Optional[dict[str, list[Path]]] = 
     reference = {"system": ref, "meta": strip_paths({**meta, "systems": {ref: meta["systems"][ref]}}),
                  "config": json.loads(config.read_text()) if config.is_file() else None,
                  "curve": compact_curve(read_steps(run_dir / "systems" / ref / "steps.jsonl"))}
+    if (kept / REFERENCE_FILE).is_file():
+        previous = json.loads((kept / REFERENCE_FILE).read_text())
+        if all(previous.get(k) == reference[k] for k in ("system", "config", "curve")):
+            reference["meta"] = previous["meta"]      # the run that made the curve, not the latest invocation's
     kept.mkdir(parents=True, exist_ok=True)
     (kept / REPORT_FILE).write_text(json.dumps(table, indent=1) + "\n")
     (kept / REFERENCE_FILE).write_text(json.dumps(reference, indent=1) + "\n")

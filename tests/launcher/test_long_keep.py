@@ -61,12 +61,20 @@ def test_a_kept_seed_continues_in_a_new_directory_against_the_same_dense_run(tmp
     assert _losses(second, "ds_dense") == _losses(first, "ds_dense")          # bit for bit
     with pytest.raises(SystemExit, match="already holds runs"):
         restore(kept, second)
+    timed = {"100mbit": {"time_s": 12.5}}                                    # as if a cluster run had timed dense
     (kept / "fidelity.json").write_text(json.dumps({**kept_report, "systems": [
-        r for r in kept_report["systems"] if r["id"] != "gv_default"]}))      # as if the first run lacked it
+        {**r, "rates": timed} if r["id"] == "ds_dense" else r
+        for r in kept_report["systems"] if r["id"] != "gv_default"]}))      # as if the first run lacked gv_default
+    first_meta = json.loads((kept / "reference.json").read_text())["meta"]
     fidelity(["run", *ARGS, "--systems", "ds_dense,gv_default", "--out", str(second)])
     assert not (second / "systems" / "ds_dense" / "ckpt").exists()          # dense was not trained again
 
-    merged = _rows(save(second, kept))
+    table = save(second, kept)
+    merged = _rows(table)
     assert merged == original                                                # every figure as the first machine's
+    # saved again without its cluster runs: dense keeps the time they gave, and the settings of the run that made it
+    assert next(r for r in table["systems"] if r["id"] == "ds_dense")["rates"] == timed
+    assert json.loads((second / "meta.json").read_text())["env"] != first_meta["env"]
+    assert json.loads((kept / "reference.json").read_text())["meta"] == first_meta
     # a kept directory is one seed of fidelity_seeds, as any kept report
     assert {r["id"] for r in combine([[kept]])["systems"]} == set(original)
