@@ -90,7 +90,7 @@ class ACPSGD(LowRankCompressor):
         Q-steps)."""
         n, m, r = self.dims(plan)
         w = self.width(n, m)
-        basis = self.basis(ctx, "q", m, w) if plan.get("phase") == P_STEP else self.basis(ctx, "p", n, w)
+        basis = self.basis(ctx, "q", m, w, r) if plan.get("phase") == P_STEP else self.basis(ctx, "p", n, w, r)
         return basis[:r], n, m, r
 
     # ---- encode / decode ----------------------------------------------------------------------------------

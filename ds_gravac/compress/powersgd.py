@@ -79,10 +79,11 @@ class PowerSGD(LowRankCompressor):
         return TensorPlan(n * m, level, r, (Section("p", F32, n * r),), (n + m) * r,     # Pᵀ_w, r × n
                           extra=(("shape", (n, m)), ("rank", r), ("round2", q_plan)))
 
-    def _qht(self, ctx: CompressCtx, m: int, width: int) -> Tensor:
-        """``orth(Q_prev)ᵀ`` (width × m): the warm start, or a fresh seeded draw every step without it."""
+    def _qht(self, ctx: CompressCtx, m: int, width: int, rows: Optional[int] = None) -> Tensor:
+        """``orth(Q_prev)ᵀ`` (its leading ``rows`` of ``width`` rows × m): the warm start, or a fresh seeded draw
+        every step without it."""
         if self.params.warm_start:
-            return self.basis(ctx, "q", m, width)
+            return self.basis(ctx, "q", m, width, rows)
         fresh = seeded_factor(ctx.seed, f"{ctx.key}:q:step{ctx.step}", m, width,
                               device=ctx.param.device if ctx.param is not None else "cpu")
         return self.orth_rows(fresh.t())
@@ -95,7 +96,7 @@ class PowerSGD(LowRankCompressor):
             out["plain"].copy_(x)
             return None
         n, m, r = self.dims(plan)
-        qht = self._qht(ctx, m, self.width(n, m))
+        qht = self._qht(ctx, m, self.width(n, m), r)
         torch.mm(qht[:r], x.view(n, m).t(), out=out["p"].view(r, n))
         return None
 

@@ -139,3 +139,34 @@ def test_powersgd_zero_input_stays_finite_with_gram_schmidt() -> None:
     out = torch.empty(600)
     comp.decompress_rounds(p1, p2, out, 0.5, ctx)
     assert torch.isfinite(out).all() and not out.any()
+
+
+@pytest.mark.parametrize("cls", [PowerSGD, ACPSGD])
+def test_a_rank_below_the_factor_width_orthogonalizes_only_its_leading_columns(
+        cls: type, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Factors 64 wide (``auto``'s ladder, GraVAC's θ_min) and a step at rank 16: the QR reads the factor's 16
+    leading columns only (a 64-wide QR of every factor each step was half of ``auto``'s compress time), and the
+    payload equals ``X·orth(F[:, :16])`` computed in float64; a later rank-64 step widens the cached basis."""
+    import ds_gravac.compress.lowrank_base as base
+
+    widths: list[int] = []
+    real = base.orthogonalize
+    monkeypatch.setattr(base, "orthogonalize", lambda a, *args: widths.append(a.shape[-1]) or real(a, *args))
+    n, m = 300, 500
+    comp = cls()
+    comp.bind_levels("rank", 64)
+    x = torch.randn(n * m, generator=torch.Generator().manual_seed(7))
+    ctx = CompressCtx(key="w", param=torch.nn.Parameter(torch.zeros(n, m)), shape=(n, m))
+    assert comp.width(n, m) == 64
+    low = comp.tensor_plan((n, m), 16)
+    p = Payload.allocate(low, torch.float32)
+    comp.compress(x, low, p, ctx, update_state=False)
+    assert widths == [16]
+    basis = orthogonalize(seeded_factor(0, "w:q", m, 64, dtype=torch.float64)[:, :16])
+    want = (x.double().view(n, m) @ basis).t().reshape(-1)
+    torch.testing.assert_close(p.words.double(), want, rtol=1e-5, atol=1e-5)
+    comp.compress(x, low, Payload.allocate(low, torch.float32), ctx, update_state=False)
+    assert widths == [16]                                      # cached
+    comp.compress(x, comp.tensor_plan((n, m), 64), Payload.allocate(comp.tensor_plan((n, m), 64), torch.float32),
+                  ctx, update_state=False)
+    assert widths == [16, 64]
