@@ -177,7 +177,7 @@ class DebugConfig(StrictModel):
 class GravacConfig(StrictModel):
     # general
     enabled: bool = True
-    # defaults chosen by measurement (docs/BENCHMARKS.md §4): static QSGD, 8-bit codes ("quantized_exchange":
+    # defaults chosen by measurement (docs/BENCHMARKS_HISTORY.md §3.14): static QSGD, 8-bit codes ("quantized_exchange":
     # "auto": all-gathered with two ranks, parameter-server exchange with more), measured within the accuracy
     # bounds on ResNet101, the LSTM and the MLP, and on VGG16-bn within top-1 but not loss at 150 steps (+5.9%,
     # where dense with its gradients perturbed by 1e-6 ends +5.0%: the benchmark's resolution there); faster
