@@ -11,8 +11,9 @@ directory after every finished run:
 
 - ``fidelity.json``: the seed's report (every finished system's row: final loss and gap, held-out metrics, bytes,
   steps to each target, the counts that price quiet steps), merged with the rows an earlier save kept — a run
-  directory's own rows win, keeping the cluster times the earlier row of the same run had. ``fidelity_seeds`` reads such a directory as one seed and times its rows with the
-  cluster runs it is given, as it does any kept report.
+  directory's own rows win, keeping the cluster times the earlier row of the same run had. ``fidelity_seeds``
+  reads such a directory as one seed and times its rows with the cluster runs it is given, as it does any kept
+  report.
 - ``reference.json``: the dense reference run itself — its settings (the ``meta.json`` of the invocation that
   trained it: a later save of the same curve keeps them), its config and its curve:
   every step's loss bit for bit (float32, as the runners log it, else float64), bytes per step and every
