@@ -181,7 +181,8 @@ class GravacConfig(StrictModel):
     # ("quantized_exchange": "auto": all-gathered with two ranks, parameter-server exchange with more), measured
     # within the accuracy bounds on ResNet101, the LSTM and the MLP, and on VGG16-bn within top-1 but not loss at
     # 150 steps (+5.9%, where dense with its gradients perturbed by 1e-6 ends +5.0%: the benchmark's resolution
-    # there); faster per-model settings are ds_configs/<model>_recommended.json; GraVAC stays one key away ("mode": "gravac")
+    # there); faster per-model settings are ds_configs/<model>_recommended.json; GraVAC stays one key away
+    # ("mode": "gravac")
     mode: Literal["gravac", "static", "accordion", "dense", "auto"] = "static"
     compressor: CompressorSpec = Field(default_factory=CompressorSpec)
     # static mode's level; null: the compressor's own (a quantizer's grid default, e.g. QSGD 8-bit = CF 4; 100
