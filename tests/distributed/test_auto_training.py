@@ -7,6 +7,7 @@ One spawn of two ranks runs everything: an uninterrupted run of ``STEPS`` steps 
 """
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -174,7 +175,9 @@ def _job(rank: int, world: int, save_dir: str) -> dict:
         lambda g: g.clone().fill_(float("nan")) if rank == 1 and measured.global_steps == 5 else g)
     M.train(measured, rank, 1, start=5)
     refit = _engine(world, REFIT)
-    M.train(refit, rank, 7)
+    # every step 50 ms slower than the last on both ranks: each 2-step interval measures 0.1 s over its prediction
+    refit.module.register_forward_pre_hook(lambda *_: time.sleep(0.05 * refit.global_steps))
+    M.train(refit, rank, 13)
     refit_events = [e for e in ds_gravac.get_handle(refit).pop_events() if e["event"] == "auto_link_measured"]
     return {"measured_fits": {k: (fits.get(k).a, fits.get(k).b) for k in fits.names()},
             "measured_records": records, "measured_params": params, "before_poison": before_poison,
@@ -314,12 +317,25 @@ def test_heatmap_of_the_allocation(results: list[dict], tmp_path) -> None:
 
 def test_a_step_off_its_prediction_re_times_the_link_on_every_rank(results: list[dict]) -> None:
     """The trigger is the agreed measured step (the ranks' mean), so both ranks enter the re-timing collectives at
-    the same decisions and keep deciding alike. Decisions at steps 2, 4, 6: step 2 has no measured step yet
-    (step 0's time is unknown), step 4 makes the first prediction, step 6 is the first that can be off it."""
+    the same decisions and keep deciding alike. Decisions every 2 steps from step 2: step 2 has no measured step
+    yet (step 0's time is unknown), step 4 makes the first prediction, step 6 is the first that can be off it.
+    The steps slow down, so interval 4–6 and 6–8 measure over their predictions and the link is re-timed at 8;
+    after that (the re-timing's own probes lengthen the next interval) the rule is replayed from the records: a
+    decision re-times when it and the one before were off in the same direction, the pair starting afresh after
+    each re-timing."""
     r0, r1 = results
     assert r0["refit_events"] == r1["refit_events"] and r0["refit_records"] == r1["refit_records"]
     assert r0["refit_events"] and {e["reason"] for e in r0["refit_events"]} == {"step_off"}
-    assert [e["step"] for e in r0["refit_events"]] == [6]
+    by_step = {int(r["step"]): r for r in r0["refit_records"]}
+    expected, before = [], 0
+    for d in range(6, max(by_step) + 1, 2):
+        ratio = by_step[d]["auto/measured_step_s"] / by_step[d - 2]["auto/predicted_step_s"]
+        sign = 0 if abs(ratio - 1.0) <= 1e-9 else (1 if ratio > 1.0 else -1)
+        if sign and sign == before:
+            expected.append(d)
+            sign = 0
+        before = sign
+    assert expected[0] == 8 and [e["step"] for e in r0["refit_events"]] == expected
     last = r0["refit_records"][-1]
     assert r0["refit_records"][3]["auto/predicted_step_s"] == 0.0 < r0["refit_records"][4]["auto/predicted_step_s"]
     assert last["auto/predicted_step_s"] > 0 and last["auto/measured_step_s"] > 0

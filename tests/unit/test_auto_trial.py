@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ds_gravac.adapt.auto.trial import LINK_CHANGE, TrialCheck
+from ds_gravac.adapt.auto.trial import LINK_CHANGE, REF_KEPT, TrialCheck
 
 REF = [1, 1, 1]
 MIXED = [1, 3, 0]
@@ -21,6 +21,26 @@ def test_the_reference_interval_is_the_control_and_a_trial_must_beat_it_by_min_g
     assert not check.holding and check.backoff == 1
     assert check.judge(MIXED, REF, quiet=True, measured=0.975) is True          # 2.5% faster: not enough
     assert check.holding and check.hold == 1 and check.backoff == 2
+
+
+def test_a_trial_must_also_beat_the_fastest_of_the_reference_s_last_intervals() -> None:
+    """Reference intervals measured 1.10, 0.90, 1.00 (median 1.00, spread ±10%): a trial 5% under the median is
+    inside that spread and fails; one at 0.90 pays. Only the last ``REF_KEPT`` (3) reference intervals count."""
+    check = _check()
+    for measured in (0.5, 1.10, 0.90, 1.00):      # 0.5 is the oldest: dropped once three more are kept
+        check.judge(REF, REF, quiet=True, measured=measured)
+    assert REF_KEPT == 3 and check.ref_steps == [1.10, 0.90, 1.00] and check.ref_step == 1.00
+    assert check.judge(MIXED, REF, quiet=True, measured=0.95) is True
+    check.hold = 0
+    assert check.judge(MIXED, REF, quiet=True, measured=0.90) is False
+
+
+def test_a_0_5_0_state_with_one_reference_step_loads() -> None:
+    check = _check()
+    check.load_state_dict({"ref_step": 1.5, "hold": 2, "backoff": 4, "link_b": 1e-8})
+    assert (check.ref_steps, check.hold, check.backoff, check.link_b) == ([1.5], 2, 4, 1e-8)
+    check.load_state_dict({"ref_step": 0.0})
+    assert check.ref_steps == []
 
 
 def test_failed_trials_back_off_doubling_up_to_hold_max_and_a_paying_one_resets() -> None:

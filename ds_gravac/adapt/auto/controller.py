@@ -26,8 +26,10 @@ configured compressor — re-planned every ``interval_steps`` under an error bud
   the agreed learning rate (a step-to-step decrease by at least ``lr_drop`` of it) and of a decision at which
   Accordion's norm-change rule fired on some group (``detector_eta``), ``budget_quiet`` otherwise.
 * **Refit**: each decision predicts the next interval's step (the last interval's measured step minus the
-  predicted exchange of the plan it ran, plus the new plan's); when the interval's median measured step (agreed)
-  is off the prediction by more than ``refit_tolerance``, every rank re-times the link before rank 0 proposes.
+  predicted exchange of the plan it ran, plus the new plan's: the compute term is re-fitted every decision); when
+  the interval's median measured step (agreed) is off the prediction by more than ``refit_tolerance`` in the same
+  direction at two decisions in a row, every rank re-times the link before rank 0 proposes (one interval off is
+  the ±15% wander of 50-step medians on a shared core, and a re-timing costs a step's time).
 * **Trial**: a mixed plan must measure ``min_gain`` faster than the reference, else the reference is held
   (``trial.TrialCheck``).
 
@@ -104,6 +106,7 @@ class AutoController(Controller):
         self._levels: dict[str, float] = {}
         self.reproject: list[int] = []              # groups raised by the last decision: plain at REPROJECT ...
         self.reproject_step = -1                    # ... on this step (the decision's), then at their new rank
+        self.off_sign = 0                           # the last decision's step off its prediction: +1 over, −1 under
         self._fits: Optional[FitTable] = None        # re-timed link (auto.remeasure_decisions), newer than attach's
         self._priced: Optional[tuple[tuple, list[list[float]]]] = None    # (pricer key, times): derived, not state
 
@@ -241,13 +244,16 @@ class AutoController(Controller):
 
     def before_proposal(self, step: int) -> None:
         """Every rank re-times the link (agreed fits) every ``remeasure_decisions``-th decision after the first,
-        and whenever the interval's measured step is off its prediction (agreed values: the same on every rank),
-        so the plan about to be proposed prices the network as it is now."""
+        and when the measured step was off its prediction in one direction at this and the last decision (agreed
+        values: the same on every rank), so the plan about to be proposed prices the network as it is now."""
         every = int(self.config.auto.remeasure_decisions)
         measure = self.ctx.measure_link if self.ctx is not None else None
         periodic = bool(every and self.decisions and self.decisions % every == 0)
         off = self._step_off()
-        if measure is not None and (periodic or off is not None):
+        sign = 0 if off is None else (1 if off > 1.0 else -1)
+        persistent, self.off_sign = sign != 0 and sign == self.off_sign, sign
+        if measure is not None and (periodic or persistent):
+            self.off_sign = 0                       # the re-timed link starts a new pair
             if not self.trial.link_b > 0.0 and self.ctx.cost_fits is not None:
                 self.trial.link_b = float(self.ctx.cost_fits().get(ALL_REDUCE).b)     # attach's link: the baseline
             self._fits = measure()
@@ -380,7 +386,7 @@ class AutoController(Controller):
                 "tight_until": self.tight_until, "prev_lr": self.prev_lr, "tight": self.tight,
                 "last": dict(self.last), "signals": self.signals.state_dict(),
                 "reproject": list(self.reproject), "reproject_step": self.reproject_step,
-                "trial": self.trial.state_dict()}
+                "trial": self.trial.state_dict(), "off_sign": self.off_sign}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if state.get("mode", self.mode) != self.mode:
@@ -406,6 +412,7 @@ class AutoController(Controller):
         self.reproject = [int(g) for g in state.get("reproject", [])]
         self.reproject_step = int(state.get("reproject_step", -1))
         self.trial.load_state_dict(state.get("trial", {}))
+        self.off_sign = int(state.get("off_sign", 0))
         self._levels = self._member_levels(self.codes)
 
 
