@@ -6,6 +6,13 @@
 Each run directory is a ``fidelity run --rate RATE --steps K`` output; the first ``--skip`` steps of every system
 (start-up, allocation) are left out of its median. Time to target prices these medians with the loopback steps
 (``fidelity report --cluster RATE=DIR``); this file is what the docs' step-time table shows.
+
+**Rounds.** One rate given several times (``1gbit=DIR1 1gbit=DIR2 …``: the same invocation repeated, so the
+systems run A B C A B C …) gives each system the median of its per-round medians, those medians, and their spread
+(max − min over the median): the step-time noise floor. Why: on this shared 2-core machine one system's 40-step
+median moves by 15–25% between invocations (static rank 16 at 1 Gbit/s: 0.48–0.63 s in three rounds), far more
+than many gaps the tables compare. With ``--reference SYSTEM`` each system also gets the paired ratio
+reference / system of every round (min, median, max): a ratio measured side by side, with its spread beside it.
 """
 from __future__ import annotations
 
@@ -13,7 +20,7 @@ import argparse
 import json
 import statistics
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 from ds_gravac_bench.keep import strip_paths
 
@@ -41,18 +48,55 @@ def rate_table(run_dir: Path, skip: int) -> dict[str, Any]:
     return {"systems": systems, "measured_mbit": round(float(mbit), 1) if mbit else None, "env": env}
 
 
-def build(rates: Sequence[tuple[str, Path]], title: str, command: str, skip: int) -> dict[str, Any]:
+def _spread(values: Sequence[float]) -> float:
+    return round((max(values) - min(values)) / statistics.median(values), 3)
+
+
+def rounds_table(run_dirs: Sequence[Path], skip: int, reference: Optional[str] = None) -> dict[str, Any]:
+    """One rate measured in several rounds (see the module docstring); one directory: :func:`rate_table`."""
+    tables = [rate_table(d, skip) for d in run_dirs]
+    if len(tables) == 1:
+        return tables[0]
+    systems: dict[str, Any] = {}
+    for name in sorted(set().union(*(t["systems"] for t in tables))):
+        per = [t["systems"][name] for t in tables if name in t["systems"]]
+        medians = [p["median_s"] for p in per]
+        sent = [p["mean_bytes"] for p in per if p["mean_bytes"] is not None]
+        row: dict[str, Any] = {"median_s": round(statistics.median(medians), 4),
+                               "mean_s": round(statistics.fmean(p["mean_s"] for p in per), 4),
+                               "steps": sum(p["steps"] for p in per),
+                               "mean_bytes": round(statistics.fmean(sent)) if sent else None,
+                               "rounds": len(per), "round_medians": medians, "spread": _spread(medians)}
+        paired = [t["systems"][reference]["median_s"] / t["systems"][name]["median_s"] for t in tables
+                  if reference is not None and name != reference and name in t["systems"]
+                  and reference in t["systems"]]
+        if paired:
+            row["vs_reference"] = {"system": reference, "median": round(statistics.median(paired), 3),
+                                   "min": round(min(paired), 3), "max": round(max(paired), 3)}
+        systems[name] = row
+    mbit = [t["measured_mbit"] for t in tables if t["measured_mbit"]]
+    return {"systems": systems, "measured_mbit": round(statistics.median(mbit), 1) if mbit else None,
+            "env": tables[0]["env"], "rounds": len(tables)}
+
+
+def build(rates: Sequence[tuple[str, Path]], title: str, command: str, skip: int,
+          reference: Optional[str] = None) -> dict[str, Any]:
+    """One table per rate, in the order the rates first appear; a rate given several times is measured in rounds."""
+    dirs: dict[str, list[Path]] = {}
+    for rate, path in rates:
+        dirs.setdefault(rate, []).append(path)
     return strip_paths({"title": title, "command": command, "skip_steps": skip,
-                        "rates": {rate: rate_table(path, skip) for rate, path in rates}})
+                        "rates": {rate: rounds_table(paths, skip, reference) for rate, paths in dirs.items()}})
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out", type=Path)
-    ap.add_argument("runs", nargs="+", help="RATE=DIR, one per rate")
+    ap.add_argument("runs", nargs="+", help="RATE=DIR; a rate given several times: rounds of one invocation")
     ap.add_argument("--title", required=True)
     ap.add_argument("--command", required=True, help="the fidelity commands that made the runs")
     ap.add_argument("--skip", type=int, default=2)
+    ap.add_argument("--reference", help="a system of every round: each system's paired ratio reference / system")
     args = ap.parse_args(argv)
     rates = []
     for item in args.runs:
@@ -60,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if not sep or not rate or not path:
             raise SystemExit(f"step_times: expected RATE=DIR, got {item!r}")
         rates.append((rate, Path(path)))
-    args.out.write_text(json.dumps(build(rates, args.title, args.command, args.skip), indent=1) + "\n")
+    args.out.write_text(json.dumps(build(rates, args.title, args.command, args.skip, args.reference), indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -37,6 +37,25 @@ def test_medians_skip_the_first_steps_and_paths_are_stripped(tmp_path: Path) -> 
     assert str(tmp_path) not in out.read_text()
 
 
+def test_rounds_give_the_median_of_round_medians_their_spread_and_paired_ratios(tmp_path: Path) -> None:
+    """Three rounds of one rate (skip 2 steps each): ``ref`` 1.0 / 1.2 / 0.8 s, ``x`` 0.5 / 0.8 / 0.4 s; ``y`` ran
+    in two rounds only. Worked by hand: x's median of medians 0.5, spread (0.8 − 0.4) / 0.5 = 0.8, paired ratios
+    2.0 / 1.5 / 2.0."""
+    rounds = [_run_dir(tmp_path / f"r{k}", {"ref": [9.0, 9.0, r], "x": [9.0, 9.0, x], **({"y": [9.0, 9.0, 3.0]}
+                                                                                           if k < 2 else {})})
+              for k, (r, x) in enumerate(((1.0, 0.5), (1.2, 0.8), (0.8, 0.4)))]
+    out = tmp_path / "kept.json"
+    main([str(out), *(f"1gbit={d}" for d in rounds), "--title", "t", "--command", "c", "--reference", "ref"])
+    table = json.loads(out.read_text())["rates"]["1gbit"]
+    x, ref, y = table["systems"]["x"], table["systems"]["ref"], table["systems"]["y"]
+    assert table["rounds"] == 3 and table["measured_mbit"] == 99.9
+    assert (x["median_s"], x["round_medians"], x["spread"]) == (0.5, [0.5, 0.8, 0.4], 0.8)
+    assert (x["rounds"], x["steps"]) == (3, 3)
+    assert x["vs_reference"] == {"system": "ref", "median": 2.0, "min": 1.5, "max": 2.0}
+    assert "vs_reference" not in ref and ref["median_s"] == 1.0 and ref["spread"] == 0.4
+    assert y["rounds"] == 2 and y["vs_reference"]["median"] == pytest.approx(round((1.0 / 3 + 1.2 / 3) / 2, 3))
+
+
 def test_a_malformed_rate_argument_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="RATE=DIR"):
         main([str(tmp_path / "o.json"), "runs/x", "--title", "t", "--command", "c"])
