@@ -8,8 +8,8 @@ Each run directory is a ``fidelity run --rate RATE --steps K`` output; the first
 (``fidelity report --cluster RATE=DIR``); this file is what the docs' step-time table shows.
 
 **Rounds.** One rate given several times (``1gbit=DIR1 1gbit=DIR2 …``: the same invocation repeated, so the
-systems run A B C A B C …) gives each system the median of its per-round medians, those medians, and their spread
-(max − min over the median): the step-time noise floor. Why: on this shared 2-core machine one system's 40-step
+systems run A B C A B C …; ``RATE=DIR1,DIR2`` is one round made by two invocations) gives each system the median
+of its per-round medians, those medians, and their spread (max − min over the median): the step-time noise floor. Why: on this shared 2-core machine one system's 40-step
 median moves by 15–25% between invocations (static rank 16 at 1 Gbit/s: 0.48–0.63 s in three rounds), far more
 than many gaps the tables compare. With ``--reference SYSTEM`` each system also gets the paired ratio
 reference / system of every round (min, median, max): a ratio measured side by side, with its spread beside it.
@@ -38,10 +38,13 @@ def system_steps(directory: Path, skip: int) -> dict[str, Any]:
             "steps": len(rows), "mean_bytes": round(statistics.fmean(sent)) if sent else None}
 
 
-def rate_table(run_dir: Path, skip: int) -> dict[str, Any]:
-    """Every finished system of one run directory, the measured link rate and the environment."""
-    meta = json.loads((run_dir / "meta.json").read_text())
-    systems = {d.name: system_steps(d, skip) for d in sorted((run_dir / "systems").iterdir())
+def rate_table(run_dir: Path | Sequence[Path], skip: int) -> dict[str, Any]:
+    """Every finished system of one run directory (or of several made back to back, one round: a controller
+    resumed from its checkpoint runs in an invocation of its own), the measured link rate and the environment of
+    the first."""
+    dirs = [run_dir] if isinstance(run_dir, Path) else list(run_dir)
+    meta = json.loads((dirs[0] / "meta.json").read_text())
+    systems = {d.name: system_steps(d, skip) for path in dirs for d in sorted((path / "systems").iterdir())
                if (d / "steps.jsonl").is_file()}
     env = {k: meta.get("env", {}).get(k) for k in ("torch", "deepspeed", "cpu", "cores")}
     mbit = meta.get("network", {}).get("measured_mbit")
@@ -52,7 +55,8 @@ def _spread(values: Sequence[float]) -> float:
     return round((max(values) - min(values)) / statistics.median(values), 3)
 
 
-def rounds_table(run_dirs: Sequence[Path], skip: int, reference: Optional[str] = None) -> dict[str, Any]:
+def rounds_table(run_dirs: Sequence[Path | Sequence[Path]], skip: int,
+                 reference: Optional[str] = None) -> dict[str, Any]:
     """One rate measured in several rounds (see the module docstring); one directory: :func:`rate_table`."""
     tables = [rate_table(d, skip) for d in run_dirs]
     if len(tables) == 1:
@@ -79,10 +83,10 @@ def rounds_table(run_dirs: Sequence[Path], skip: int, reference: Optional[str] =
             "env": tables[0]["env"], "rounds": len(tables)}
 
 
-def build(rates: Sequence[tuple[str, Path]], title: str, command: str, skip: int,
+def build(rates: Sequence[tuple[str, Path | Sequence[Path]]], title: str, command: str, skip: int,
           reference: Optional[str] = None) -> dict[str, Any]:
     """One table per rate, in the order the rates first appear; a rate given several times is measured in rounds."""
-    dirs: dict[str, list[Path]] = {}
+    dirs: dict[str, list[Path | Sequence[Path]]] = {}
     for rate, path in rates:
         dirs.setdefault(rate, []).append(path)
     return strip_paths({"title": title, "command": command, "skip_steps": skip,
@@ -92,7 +96,7 @@ def build(rates: Sequence[tuple[str, Path]], title: str, command: str, skip: int
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out", type=Path)
-    ap.add_argument("runs", nargs="+", help="RATE=DIR; a rate given several times: rounds of one invocation")
+    ap.add_argument("runs", nargs="+", help="RATE=DIR[,DIR…] (one round); a rate given several times: rounds")
     ap.add_argument("--title", required=True)
     ap.add_argument("--command", required=True, help="the fidelity commands that made the runs")
     ap.add_argument("--skip", type=int, default=2)
@@ -103,7 +107,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         rate, sep, path = item.partition("=")
         if not sep or not rate or not path:
             raise SystemExit(f"step_times: expected RATE=DIR, got {item!r}")
-        rates.append((rate, Path(path)))
+        parts = [Path(p) for p in path.split(",")]
+        rates.append((rate, parts[0] if len(parts) == 1 else parts))
     args.out.write_text(json.dumps(build(rates, args.title, args.command, args.skip, args.reference), indent=1) + "\n")
 
 
