@@ -10,9 +10,10 @@ Each run directory is a ``fidelity run --rate RATE --steps K`` output; the first
 **Rounds.** One rate given several times (``1gbit=DIR1 1gbit=DIR2 …``: the same invocation repeated, so the
 systems run A B C A B C …; ``RATE=DIR1,DIR2`` is one round made by two invocations) gives each system the median
 of its per-round medians, those medians, and their spread (max − min over the median): the step-time noise
-floor. Why: on this shared 2-core machine one system's 40-step median moves by 15–25% between invocations (static rank 16 at 1 Gbit/s: 0.48–0.63 s in three rounds), far more
-than many gaps the tables compare. With ``--reference SYSTEM`` each system also gets the paired ratio
-reference / system of every round (min, median, max): a ratio measured side by side, with its spread beside it.
+floor. Why: on this shared 2-core machine one system's 40-step median moves by 15–25% between invocations
+(static rank 16 at 1 Gbit/s: 0.48–0.63 s in three rounds), far more than many gaps the tables compare. With
+``--reference SYSTEM`` each system also gets the paired ratio reference / system of every round (min, median,
+max): a ratio measured side by side, with its spread beside it.
 """
 from __future__ import annotations
 
