@@ -35,7 +35,7 @@ def test_a_trial_must_also_beat_the_fastest_of_the_reference_s_last_intervals() 
     assert check.judge(MIXED, REF, quiet=True, measured=0.90) is False
 
 
-def test_a_0_5_0_state_with_one_reference_step_loads() -> None:
+def test_a_state_saved_with_one_reference_step_loads() -> None:
     check = _check()
     check.load_state_dict({"ref_step": 1.5, "hold": 2, "backoff": 4, "link_b": 1e-8})
     assert (check.ref_steps, check.hold, check.backoff, check.link_b) == ([1.5], 2, 4, 1e-8)

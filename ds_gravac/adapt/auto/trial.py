@@ -87,7 +87,7 @@ class TrialCheck:
         return {"ref_steps": list(self.ref_steps), "hold": self.hold, "backoff": self.backoff, "link_b": self.link_b}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        old = float(state.get("ref_step", 0.0))       # a 0.5.0 state kept one interval
+        old = float(state.get("ref_step", 0.0))       # a state saved before REF_KEPT kept one interval
         self.ref_steps = [float(t) for t in state.get("ref_steps", [old] if old > 0.0 else [])][-REF_KEPT:]
         self.hold = int(state.get("hold", 0))
         self.backoff = int(state.get("backoff", 1))
