@@ -23,6 +23,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from ds_gravac_bench.fidelity import cluster_arg
 from ds_gravac_bench.keep import strip_paths
 
 
@@ -39,11 +40,10 @@ def system_steps(directory: Path, skip: int) -> dict[str, Any]:
             "steps": len(rows), "mean_bytes": round(statistics.fmean(sent)) if sent else None}
 
 
-def rate_table(run_dir: Path | Sequence[Path], skip: int) -> dict[str, Any]:
+def rate_table(dirs: Sequence[Path], skip: int) -> dict[str, Any]:
     """Every finished system of one run directory (or of several made back to back, one round: a controller
     resumed from its checkpoint runs in an invocation of its own), the measured link rate and the environment of
     the first."""
-    dirs = [run_dir] if isinstance(run_dir, Path) else list(run_dir)
     meta = json.loads((dirs[0] / "meta.json").read_text())
     systems = {d.name: system_steps(d, skip) for path in dirs for d in sorted((path / "systems").iterdir())
                if (d / "steps.jsonl").is_file()}
@@ -56,10 +56,9 @@ def _spread(values: Sequence[float]) -> float:
     return round((max(values) - min(values)) / statistics.median(values), 3)
 
 
-def rounds_table(run_dirs: Sequence[Path | Sequence[Path]], skip: int,
-                 reference: Optional[str] = None) -> dict[str, Any]:
-    """One rate measured in several rounds (see the module docstring); one directory: :func:`rate_table`."""
-    tables = [rate_table(d, skip) for d in run_dirs]
+def rounds_table(rounds: Sequence[Sequence[Path]], skip: int, reference: Optional[str] = None) -> dict[str, Any]:
+    """One rate measured in several rounds (see the module docstring); one round: :func:`rate_table`."""
+    tables = [rate_table(dirs, skip) for dirs in rounds]
     if len(tables) == 1:
         return tables[0]
     systems: dict[str, Any] = {}
@@ -84,12 +83,12 @@ def rounds_table(run_dirs: Sequence[Path | Sequence[Path]], skip: int,
             "env": tables[0]["env"], "rounds": len(tables)}
 
 
-def build(rates: Sequence[tuple[str, Path | Sequence[Path]]], title: str, command: str, skip: int,
+def build(rates: Sequence[tuple[str, Sequence[Path]]], title: str, command: str, skip: int,
           reference: Optional[str] = None) -> dict[str, Any]:
     """One table per rate, in the order the rates first appear; a rate given several times is measured in rounds."""
-    dirs: dict[str, list[Path | Sequence[Path]]] = {}
-    for rate, path in rates:
-        dirs.setdefault(rate, []).append(path)
+    dirs: dict[str, list[Sequence[Path]]] = {}
+    for rate, paths in rates:
+        dirs.setdefault(rate, []).append(paths)
     return strip_paths({"title": title, "command": command, "skip_steps": skip,
                         "rates": {rate: rounds_table(paths, skip, reference) for rate, paths in dirs.items()}})
 
@@ -103,13 +102,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--skip", type=int, default=2)
     ap.add_argument("--reference", help="a system of every round: each system's paired ratio reference / system")
     args = ap.parse_args(argv)
-    rates = []
-    for item in args.runs:
-        rate, sep, path = item.partition("=")
-        if not sep or not rate or not path:
-            raise SystemExit(f"step_times: expected RATE=DIR, got {item!r}")
-        parts = [Path(p) for p in path.split(",")]
-        rates.append((rate, parts[0] if len(parts) == 1 else parts))
+    try:
+        rates = [cluster_arg(item) for item in args.runs]
+    except argparse.ArgumentTypeError as e:
+        raise SystemExit(f"step_times: {e}") from None
     args.out.write_text(json.dumps(build(rates, args.title, args.command, args.skip, args.reference), indent=1) + "\n")
 
 
