@@ -116,6 +116,7 @@ class AutoConfig(StrictModel):
     pin_below_numel: int = Field(16384, ge=0)                   # groups smaller than this keep >= the reference
     efficiency_floor: float = Field(0.99, gt=0.0, le=1.0)       # quantizers: quiet budget S·(1/E − 1) of variance
     dense_dtype: Literal["bf16", "fp16", "engine"] = "bf16"     # the dense rung's all-reduce (engine: its dtype)
+    buckets: Literal["groups", "shared"] = "groups"            # low rank: buckets per group, or the engine's plan
     link: Literal["measure", "nominal"] = "measure"             # time the all-reduce at attach, or assume:
     remeasure_decisions: int = Field(2, ge=0, le=100000)       # "measure": re-time the link every k decisions
     refit_tolerance: Optional[float] = Field(0.03, gt=0.0, le=1.0)   # "measure": re-time when a step is this far off
@@ -227,6 +228,10 @@ class GravacConfig(StrictModel):
     def _cross_field(self) -> "GravacConfig":
         if self.mode == "accordion" and self.accordion.interval_steps is None:
             raise ValueError("accordion.interval_steps is required when mode is 'accordion'")
+        if self.mode == "auto" and self.auto.buckets == "shared" and self.compressor.type in ("qsgd", "topk"):
+            raise ValueError(f"auto.buckets 'shared' needs a low-rank compressor (compressor {self.compressor.type!r} "
+                             f"encodes a bucket at one level, so each layer group needs buckets of its own); "
+                             f"allowed with it: 'groups'")
         return self
 
     def static_cf(self) -> float:

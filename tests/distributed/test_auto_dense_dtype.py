@@ -90,12 +90,15 @@ def test_the_16_bit_runs_differ_from_fp32(results: list[dict]) -> None:
 SCRIPTED = {**FAST, "auto": {**FAST["auto"], "dwell": 0, "min_gain": 0.0}}
 
 
-def _mixed(rank: int, world: int) -> dict[str, Any]:
-    """Rank 0's proposal scripted at step 2: the 128 × 128 group at rank 2, every other group dense."""
+def _mixed(rank: int, world: int, shared: bool = False) -> dict[str, Any]:
+    """Rank 0's proposal scripted at step 2: the 128 × 128 group at rank 2, every other group dense (``shared``:
+    ``auto.buckets: "shared"`` with 1 MB buckets, which hold every compressed tensor together)."""
     import ds_gravac
     model = M.make_model(seed=0, width=128)
+    section = SCRIPTED if not shared else {**SCRIPTED, "bucket_cap_mb": 1.0,
+                                           "auto": {**SCRIPTED["auto"], "buckets": "shared"}}
     engine, *_ = ds_gravac.initialize(model=model, model_parameters=model.parameters(),
-                                      config=M.ds_config(SCRIPTED, world=world, lr=0.02))
+                                      config=M.ds_config(section, world=world, lr=0.02))
     handle = ds_gravac.get_handle(engine)
     ctl = handle.controller
 
@@ -107,8 +110,10 @@ def _mixed(rank: int, world: int) -> dict[str, Any]:
     M.train(engine, rank, 4)
     groups = {name: g for g in ctl.groups for name in g.members}
     buckets = [{groups[m.name].name for m in b.members if m.name in groups} for b in handle.sync.plan.buckets]
+    compressed = sum(m.numel for b in handle.sync.plan.buckets if b.compressible for m in b.members)
     return {"records": [(r["step"], r["branch"], r["bytes_sent"]) for r in handle.pop_stats()], "buckets": buckets,
-            "shapes": {n: tuple(p.shape) for n, p in model.named_parameters()}}
+            "shapes": {n: tuple(p.shape) for n, p in model.named_parameters()}, "compressed": compressed,
+            "finite": all(bool(torch.isfinite(p).all()) for p in model.parameters())}
 
 
 def test_a_dense_group_beside_a_compressed_one_is_its_own_bf16_bucket() -> None:
@@ -123,3 +128,24 @@ def test_a_dense_group_beside_a_compressed_one_is_its_own_bf16_bucket() -> None:
     expected = 2 * (numel - k * 128 * 128) + 4 * k * (128 * 2 + 128 * 2)
     steps = {s: (branch, sent) for s, branch, sent in res["records"]}
     assert steps[2] == steps[3] == ("cand", expected), (steps, expected)
+
+
+def _shared(rank: int, world: int) -> dict[str, Any]:
+    return _mixed(rank, world, shared=True)
+
+
+def test_shared_buckets_carry_a_dense_group_plain_beside_a_compressed_one() -> None:
+    """``auto.buckets: "shared"``: one bucket holds several groups; at steps 2 and 3 the 128 × 128 matrices send
+    their rank-2 factors, the other compressed tensors their plain fp32 values in the same all-reduce, the
+    uncompressed ones (vectors) bf16; the all-dense steps before are dense steps in bf16."""
+    res = run_ranks(_shared, 2)[0]
+    assert any(len(names) >= 2 for names in res["buckets"]), res["buckets"]
+    shapes = res["shapes"].values()
+    k = sum(1 for s in shapes if s == (128, 128))
+    numel = sum(int(torch.Size(s).numel()) for s in shapes)
+    plain = res["compressed"] - k * 128 * 128
+    expected = 2 * (numel - res["compressed"]) + 4 * plain + 4 * k * (128 * 2 + 128 * 2)
+    steps = {s: (branch, sent) for s, branch, sent in res["records"]}
+    assert steps[0] == steps[1] == ("dense", 2 * numel), steps
+    assert steps[2] == steps[3] == ("cand", expected), (steps, expected)
+    assert res["finite"]

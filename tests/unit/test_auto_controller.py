@@ -58,6 +58,19 @@ def test_auto_unknown_key_and_cross_rule() -> None:
         parse_config({"mode": "auto", "auto": {"budget_tight": 2.0}})
 
 
+@pytest.mark.parametrize("compressor", ["qsgd", "topk"])
+def test_shared_buckets_need_a_low_rank_compressor(compressor: str) -> None:
+    """A quantizer or a sparsifier encodes a bucket at one level: ``auto.buckets: "shared"`` is refused before
+    training, naming the key, the value and what is allowed; over PowerSGD it asks for groups that share buckets."""
+    with pytest.raises(GravacConfigError, match=r"auto\.buckets 'shared' needs a low-rank compressor .*"
+                                                rf"{compressor!r}.*allowed with it: 'groups'"):
+        parse_config({"mode": "auto", "compressor": compressor, "auto": {"buckets": "shared"}})
+    shapes = [("a.weight", (64, 64, 3, 3)), ("b.weight", (128, 64, 3, 3)), ("fc.weight", (10, 128))]
+    for buckets, bucketed in (("groups", True), ("shared", False)):
+        ctl = AutoController(parse_config({"mode": "auto", "compressor": "powersgd", "auto": {"buckets": buckets}}))
+        assert ctl.signal_groups(shapes).bucketed is bucketed, buckets
+
+
 def test_auto_refuses_other_compressors_at_attach() -> None:
     from ds_gravac.integration.engine import build_compressor
 
@@ -119,8 +132,8 @@ def _signals(ctl: AutoController, steep: str = "") -> tuple[GroupSignal, ...]:
     return tuple(out)
 
 
-def _controller(rate_bit_s: float, remeasured_bit_s: float = 0.0, steep: str = "", **keys: object
-                ) -> AutoController:
+def _controller(rate_bit_s: float, remeasured_bit_s: float = 0.0, steep: str = "", dense_bytes: int = 4,
+                **keys: object) -> AutoController:
     """Signals of three steps observed; the link at ``rate_bit_s``, re-timed at ``remeasured_bit_s`` (every
     decision after the first) when given; ``keys`` override the ``auto`` section."""
     auto = {"interval_steps": 10, "dwell": 0, "remeasure_decisions": 1 if remeasured_bit_s else 0, **keys}
@@ -131,7 +144,7 @@ def _controller(rate_bit_s: float, remeasured_bit_s: float = 0.0, steep: str = "
     ctl.bind(ControllerContext(world_size=2, samples_per_step=32, realize_cf=float, cf_grid=None,
                                multilevel="none", gain_kind="projection", level_kind="rank",
                                compressible=tuple(n for n, _ in SHAPES), cost_fits=lambda: fits,
-                               measure_link=lambda: later))
+                               measure_link=lambda: later, dense_bytes_per_element=dense_bytes))
     for step in range(3):
         _observe(ctl, step, _signals(ctl, steep))
     return ctl
@@ -282,6 +295,26 @@ def test_a_step_off_its_prediction_re_times_the_link() -> None:
         ctl.accept(step, ctl.propose(step, 0.1))
     assert events[0]["reason"] == "step_off" and events[0]["measured_over_predicted"] == pytest.approx(1.10)
     assert ctl.codes == _plan(1e8)[1] != fast_codes             # the next plan prices the re-timed link
+
+
+def test_shared_buckets_price_an_all_dense_interval_as_a_dense_step() -> None:
+    """With ``auto.buckets: "shared"`` a dense group rides plain fp32 in a shared bucket, but a step whose groups
+    are all dense is one dense all-reduce in the dense dtype: the compute term fitted after an all-dense interval
+    takes that price off the measured step, not the fp32 sum of the dense rungs."""
+    ctl = _controller(1e9, buckets="shared", dense_bytes=2)
+    step, signals = ctl.tight_until, _signals(ctl)
+    for s in range(3, step):
+        _observe(ctl, s, signals, t_iter=1.0)
+    assert all(g.ladder[c].family == "dense" for g, c in zip(ctl.groups, ctl.codes))
+    ctl.accept(step, ctl.propose(step, 0.1))
+    pricer = Pricer(FitTable(link_fits(1e9, 1e-4, 2)), 2, dense_bytes=ctl.ctx.dense_bytes_per_element, shared=True)
+    dense_step = pricer.dense_step(ctl.groups)
+    fp32_sum = sum(row[0] for row in pricer.times(ctl.groups))
+    assert dense_step < 0.9 * fp32_sum
+    assert ctl.last["compute"] == pytest.approx(1.0 - dense_step, rel=1e-12)
+    new = dense_step if all(c == 0 for c in ctl.codes) else sum(
+        row[c] for row, c in zip(pricer.times(ctl.groups), ctl.codes))
+    assert ctl.last["step"] == pytest.approx(1.0 - dense_step + new, rel=1e-12)
 
 
 def test_refit_is_off_under_a_nominal_link_or_a_null_tolerance() -> None:

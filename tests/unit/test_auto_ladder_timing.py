@@ -124,6 +124,34 @@ def test_prices_follow_the_fits_and_the_link() -> None:
     assert hidden.cost(g, DENSE_LEVEL).exposed(0.5) < slow.cost(g, DENSE_LEVEL).exposed(0.0)
 
 
+def test_shared_buckets_price_a_groups_bytes_and_a_dense_rung_as_plain_fp32() -> None:
+    """``auto.buckets: "shared"``: a group's collectives are the bucket's, so its rank rungs cost the link's slope
+    times their two rounds' bytes (no latency), its dense rung the slope times 4 bytes a value (plain fp32 in the
+    first round); a dense step is one all-reduce of every value in the dense dtype. Prices derived here from the
+    fits' coefficients."""
+    a, b = 2e-3, 8e-9
+    fits = {ALL_REDUCE: LinearFit(a, b), ALL_GATHER: LinearFit(a, b)}
+    own, shared = Pricer(fits, 2, dense_bytes=2), Pricer(fits, 2, dense_bytes=2, shared=True)
+    assert own.key != shared.key
+    gs = build_groups(SHAPES, families=(LOWRANK,))
+    for g in gs:
+        n, m = g.shape
+        dense = shared.cost(g, DENSE_LEVEL)
+        assert (dense.payload_bytes, dense.codec_s) == (4.0 * g.numel, 0.0)
+        assert dense.wire_s == pytest.approx(b * 4.0 * g.numel, rel=1e-12)
+        assert own.cost(g, DENSE_LEVEL).wire_s == pytest.approx(a + b * 2.0 * g.numel, rel=1e-12)
+        for lv in g.ladder[1:]:
+            r = int(lv.value)
+            words = g.count * (n + m) * r
+            assert shared.cost(g, lv).wire_s == pytest.approx(b * 4.0 * words, rel=1e-12), (g.name, r)
+            assert own.cost(g, lv).wire_s == pytest.approx(2 * a + b * 4.0 * words, rel=1e-12), (g.name, r)
+            assert shared.cost(g, lv).codec_s == own.cost(g, lv).codec_s
+    total = sum(g.numel for g in gs)
+    table = FitTable({**shared.link})
+    assert shared.dense_step(gs) == pytest.approx(dense_time(table, total, 2), rel=1e-12)
+    assert shared.dense_step(gs) < sum(shared.cost(g, DENSE_LEVEL).exposed(0.0) for g in gs)
+
+
 def test_a_slower_link_plans_more_compression_at_the_same_budget() -> None:
     """The same ladders and errors: at 100 Mbit/s the plan sends fewer bytes than at 1 Gbit/s, and each plan is
     never predicted slower than the uniform reference at the reference's error."""

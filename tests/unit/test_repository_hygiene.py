@@ -65,6 +65,18 @@ def test_no_tracked_text_file_holds_an_absolute_machine_path() -> None:
     assert not hits, f"absolute machine paths (use relative paths, basenames or tempfile): {hits[:20]}"
 
 
+LOG_LINE = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\] \[[A-Z]+\]")
+
+
+def test_no_document_holds_a_pasted_log_line() -> None:
+    """A tool's output pasted into a document brings the libraries' log lines with it (DeepSpeed's accelerator
+    warning went into SCALE.md's table that way)."""
+    hits = [f"{doc.relative_to(ROOT)}:{n}" for doc in _documents()
+            for n, line in enumerate(doc.read_text().splitlines(), 1) if LOG_LINE.match(line)]
+    assert not hits, f"log lines in documents: {hits}"
+    assert LOG_LINE.match("[2026-12-02 10:42:54,405] [WARNING] [real_accelerator.py:213:get_accelerator] x")
+
+
 def test_every_path_the_documents_name_exists() -> None:
     missing = []
     for doc in _documents():

@@ -26,10 +26,12 @@ configured compressor — re-planned every ``interval_steps`` under an error bud
   the agreed learning rate (a step-to-step decrease by at least ``lr_drop`` of it) and of a decision at which
   Accordion's norm-change rule fired on some group (``detector_eta``), ``budget_quiet`` otherwise.
 * **Refit**: each decision predicts the next interval's step (the last interval's measured step minus the
-  predicted exchange of the plan it ran, plus the new plan's: the compute term is re-fitted every decision); when
-  the interval's median measured step (agreed) is off the prediction by more than ``refit_tolerance`` in the same
-  direction at two decisions in a row, every rank re-times the link before rank 0 proposes (one interval off is
-  the ±15% wander of 50-step medians on a shared core, and a re-timing costs a step's time).
+  predicted exchange of the plan it ran, plus the new plan's: the compute term is re-fitted every decision); a
+  step off its prediction in one direction at two decisions in a row re-times the link on every rank before
+  rank 0 proposes (``refit.StepOffRule``).
+* **Buckets**: each group in buckets of its own (``auto.buckets: "groups"``: a dense-rung group is then one
+  all-reduce in the dense dtype), or, over low rank, the engine's bucket plan (``"shared"``: fewer collectives;
+  a dense-rung group rides plain fp32 in its bucket's first round, priced so by ``timing.Pricer``).
 * **Trial**: a mixed plan must measure ``min_gain`` faster than the reference, else the reference is held
   (``trial.TrialCheck``).
 
@@ -61,11 +63,12 @@ from .ladder import (DENSE, LOWRANK, QSGD, QSGD_BITS, RANKS, REFERENCE, SPARSE, 
 from .signals import GroupErrors, GroupLevelErrors
 from .budget import Budget, error_budget
 from .solver import Hysteresis, totals
-from .timing import Pricer, pricer_for
+from .refit import StepOffRule
+from .state import auto_state_dict, load_auto_state
+from .timing import Pricer, predicted_step, pricer_for
 from .trial import TrialCheck
 
 FIRST_SIGNAL_STEP = 2        # step 0's signals arrive with step 1's statistics: the first plan at step 2
-STATE_VERSION = 1
 STEP_TIMES_KEPT = 100000     # a bound on the interval's measured steps (an interval is at most 100,000 steps)
 QSGD_CFS = tuple(32.0 / b for b in QSGD_BITS)      # 8, 4, 2 bits: CF 4, 8, 16
 FAMILY_CODES = {LOWRANK: 0, QSGD: 1, SPARSE: 2}    # telemetry "auto/family_code": what auto/level/<group> counts
@@ -89,6 +92,7 @@ class AutoController(Controller):
         self.sample_steps = int(a.sample_steps)
         self.tight_steps = self.interval if a.tight_steps is None else int(a.tight_steps)
         self.family = family_of(config.compressor.type)
+        self.shared = a.buckets == "shared" and self.family == LOWRANK      # the config refuses it for the others
         self.groups: list[Group] = []
         self.codes: list[int] = []
         self.reference: list[int] = []
@@ -106,9 +110,10 @@ class AutoController(Controller):
         self._levels: dict[str, float] = {}
         self.reproject: list[int] = []              # groups raised by the last decision: plain at REPROJECT ...
         self.reproject_step = -1                    # ... on this step (the decision's), then at their new rank
-        self.off_sign = 0                           # the last decision's step off its prediction: +1 over, −1 under
+        self.off = StepOffRule(a.refit_tolerance)  # the last decision's step off its prediction: +1 over, −1 under
         self._fits: Optional[FitTable] = None        # re-timed link (auto.remeasure_decisions), newer than attach's
-        self._priced: Optional[tuple[tuple, list[list[float]]]] = None    # (pricer key, times): derived, not state
+        # (pricer key, times, a dense step's seconds): derived, not state
+        self._priced: Optional[tuple[tuple, list[list[float]], float]] = None
 
     # ---- groups (called by the synchronizer before the first plan) ----------------------------------------
     def signal_groups(self, named_shapes: Sequence[tuple[str, Sequence[int]]]
@@ -133,9 +138,10 @@ class AutoController(Controller):
             return VarianceSpec(members=members, count=len(self.groups), cfs=QSGD_CFS,
                                 s=tuple(LEVELS_FOR_CF[cf] for cf in QSGD_CFS), block=block)
         self.signals = GroupErrors(self.groups, RANKS)
-        # buckets of their own: a group at the dense rung is then a dense bucket, all-reduced in the dense dtype
-        # (bf16), not plain fp32 values riding in another group's low-rank payload at twice the bytes
-        return GroupSpec(members=members, count=len(self.groups), ranks=RANKS, bucketed=True)
+        # "groups": buckets of their own, so a group at the dense rung is a dense bucket, all-reduced in the dense
+        # dtype (bf16), not plain fp32 values riding in another group's low-rank payload at twice the bytes;
+        # "shared": the engine's buckets, a few collectives for all groups
+        return GroupSpec(members=members, count=len(self.groups), ranks=RANKS, bucketed=not self.shared)
 
     @property
     def codec_levels(self) -> tuple[float, ...]:
@@ -186,14 +192,6 @@ class AutoController(Controller):
         """The interval's median measured step (robust to the odd evaluation or checkpoint step)."""
         return float(statistics.median(self.step_times)) if self.step_times else None
 
-    def _step_off(self) -> Optional[float]:
-        """measured / predicted step of this interval when it is off by more than ``refit_tolerance``."""
-        tol, measured, predicted = self.config.auto.refit_tolerance, self._measured_step(), self.last["step"]
-        if tol is None or measured is None or not predicted > 0.0:
-            return None
-        ratio = measured / predicted
-        return ratio if abs(ratio - 1.0) > float(tol) else None
-
     def _fired(self, signals: GroupErrors) -> list[str]:
         """Groups whose norm changed by at least ``detector_eta`` between the last two intervals while their level
         stayed the same (a level change moves the error-feedback energy itself, which is not a change of
@@ -211,7 +209,7 @@ class AutoController(Controller):
         if fits is None and self.ctx is not None and self.ctx.cost_fits is not None:
             fits = self.ctx.cost_fits()
         return pricer_for(fits, self.family, self.config, self.ctx.world_size if self.ctx is not None else 2,
-                          self.ctx.dense_bytes_per_element if self.ctx is not None else 4)
+                          self.ctx.dense_bytes_per_element if self.ctx is not None else 4, shared=self.shared)
 
     def _tables(self, signals: GroupErrors) -> tuple[list[list[float]], list[list[float]]]:
         """Every rung's seconds (priced once per set of fits: rank 0 prices at ``propose``, every rank again at
@@ -219,8 +217,16 @@ class AutoController(Controller):
         pricer = self._pricer()
         key = pricer.key
         if self._priced is None or self._priced[0] != key:
-            self._priced = (key, pricer.times(self.groups))
+            self._priced = (key, pricer.times(self.groups), pricer.dense_step(self.groups))
         return [list(row) for row in self._priced[1]], signals.errors(self.groups)
+
+    def _exchange(self, times: Sequence[Sequence[float]], codes: Sequence[int]) -> float:
+        """Predicted exchange seconds of a plan (after ``_tables``): the sum of its rungs, or in shared buckets
+        a dense step's own price when every group is dense."""
+        if self.shared and self._priced is not None and all(
+                g.ladder[c].family == DENSE for g, c in zip(self.groups, codes)):
+            return self._priced[2]
+        return predicted_step(0.0, times, codes)
 
     def _budget(self, errors: list[list[float]], times: list[list[float]], tight: bool,
                 signals: GroupErrors | GroupLevelErrors) -> Budget:
@@ -249,11 +255,10 @@ class AutoController(Controller):
         every = int(self.config.auto.remeasure_decisions)
         measure = self.ctx.measure_link if self.ctx is not None else None
         periodic = bool(every and self.decisions and self.decisions % every == 0)
-        off = self._step_off()
-        sign = 0 if off is None else (1 if off > 1.0 else -1)
-        persistent, self.off_sign = sign != 0 and sign == self.off_sign, sign
+        off = self.off.off(self._measured_step(), self.last["step"])
+        persistent = self.off.persistent(off)
         if measure is not None and (periodic or persistent):
-            self.off_sign = 0                       # the re-timed link starts a new pair
+            self.off.restart()
             if not self.trial.link_b > 0.0 and self.ctx.cost_fits is not None:
                 self.trial.link_b = float(self.ctx.cost_fits().get(ALL_REDUCE).b)     # attach's link: the baseline
             self._fits = measure()
@@ -328,8 +333,8 @@ class AutoController(Controller):
             times, errors = self._tables(self.signals)
             b = self._budget(errors, times, tight, self.signals)
             ref_t, ref_e, budget = b.ref_time, b.ref_error, b.total
-            t, e = totals(times, errors, codes)
-            compute = self.last["compute"] if measured is None else max(0.0, measured - totals(times, errors, ran)[0])
+            t, e = self._exchange(times, codes), totals(times, errors, codes)[1]
+            compute = self.last["compute"] if measured is None else max(0.0, measured - self._exchange(times, ran))
             known = measured is not None or self.last["step"] > 0.0
             self.last = {"time": t, "ref_time": ref_t, "error": e, "ref_error": ref_e, "budget": budget,
                          "step": compute + t if known else 0.0, "measured_step": measured or 0.0,
@@ -378,42 +383,15 @@ class AutoController(Controller):
                     "auto/error_ratio": self.last["error"] / ref_e if ref_e > 0 else 0.0})
         return out
 
+    def levels_changed(self) -> None:
+        """Re-derive the per-tensor levels from the codes (after a restore)."""
+        self._levels = self._member_levels(self.codes)
+
     def state_dict(self) -> dict[str, Any]:
-        return {"version": STATE_VERSION, "mode": self.mode, "family": self.family,
-                "groups": [g.name for g in self.groups],
-                "codes": list(self.codes), "prev_codes": list(self.prev_codes), "step_times": list(self.step_times),
-                "changed_at": list(self.hyst.changed_at), "decisions": self.decisions,
-                "tight_until": self.tight_until, "prev_lr": self.prev_lr, "tight": self.tight,
-                "last": dict(self.last), "signals": self.signals.state_dict(),
-                "reproject": list(self.reproject), "reproject_step": self.reproject_step,
-                "trial": self.trial.state_dict(), "off_sign": self.off_sign}
+        return auto_state_dict(self)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        if state.get("mode", self.mode) != self.mode:
-            raise GravacConfigError(f"ds_gravac: checkpoint holds a {state.get('mode')!r} controller state, "
-                                    f"not {self.mode!r}")
-        if list(state["groups"]) != [g.name for g in self.groups]:
-            self.log_event(int(state["decisions"]), "auto_groups_changed")     # another model: start afresh
-            return
-        if state.get("family", LOWRANK) != self.family:       # another compressor's ladders: start afresh
-            self.log_event(int(state["decisions"]), "auto_family_changed", saved=state.get("family", LOWRANK),
-                           now=self.family)
-            return
-        self.codes = [int(c) for c in state["codes"]]
-        self.prev_codes = [int(c) for c in state.get("prev_codes", self.codes)]
-        self.step_times = [float(t) for t in state.get("step_times", [])]
-        self.hyst.changed_at = [int(c) for c in state["changed_at"]]
-        self.decisions = int(state["decisions"])
-        self.tight_until = int(state["tight_until"])
-        self.prev_lr = None if state["prev_lr"] is None else float(state["prev_lr"])
-        self.tight = bool(state["tight"])
-        self.last = {**self.last, **{k: float(v) for k, v in state["last"].items()}}
-        self.signals.load_state_dict(state["signals"])
-        self.reproject = [int(g) for g in state.get("reproject", [])]
-        self.reproject_step = int(state.get("reproject_step", -1))
-        self.trial.load_state_dict(state.get("trial", {}))
-        self.off_sign = int(state.get("off_sign", 0))
-        self._levels = self._member_levels(self.codes)
+        load_auto_state(self, state)
 
 
 __all__ = ["AutoController", "PLAIN", "REPROJECT"]

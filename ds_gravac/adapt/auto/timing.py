@@ -13,6 +13,12 @@ the pattern its family uses, by the very formulas of ``sync/cost_model/predict.p
   ``5`` BLAS calls per matrix (the two projections and the decode's product, the two QRs), priced by a
   ``gemm`` fit ``A·calls + B·madds``, plus the stage, the error update ``E ← X − G`` and the write-back.
 
+**Shared buckets** (``auto.buckets: "shared"``, low rank only): the groups travel in the engine's bucket plan,
+so a group adds bytes to collectives that run anyway. Its rungs are priced by the fits' slopes ``B·bytes`` (the
+latencies ``A`` are the plan's, whatever the codes), and its dense rung by the plain fp32 values it adds to the
+bucket's first round. A step whose groups are all dense is a dense step in the dense dtype (:meth:`Pricer.dense_step`);
+the knapsack prices it by the fp32 sum, from above.
+
 Every collective is priced by the table's α–β fits ``A + B·bytes``. Those are measured at attach and refitted
 online, so a slow link prices bytes higher and the same ladder compresses more. Codec fits missing from the
 agreed table (it only calibrates the configured compressor) come from priors measured on the AMD EPYC core of
@@ -95,12 +101,13 @@ class Pricer:
     def __init__(self, fits: FitTable | Mapping[str, LinearFit], world_size: int,
                  codec: Optional[Mapping[str, Mapping[str, LinearFit]]] = None, overlap: float = 0.0,
                  qsgd_block: int = 128, topk_params: Optional[Mapping[str, object]] = None,
-                 dense_bytes: int = 4) -> None:
+                 dense_bytes: int = 4, shared: bool = False) -> None:
         if not 0.0 <= overlap < 1.0:
             raise ValueError(f"ds_gravac: overlap must be in [0, 1) (got {overlap})")
         if dense_bytes not in (2, 4):
             raise ValueError(f"ds_gravac: a dense value is sent in 2 or 4 bytes (got {dense_bytes})")
         self.dense_bytes = int(dense_bytes)
+        self.shared = bool(shared)
         base = fits.fits if isinstance(fits, FitTable) else dict(fits)
         self.world_size, self.overlap = int(world_size), float(overlap)
         # codec fits of the table belong to the configured compressor: they come in through ``codec`` only
@@ -114,13 +121,16 @@ class Pricer:
     @property
     def key(self) -> tuple:
         """Everything the prices depend on: two pricers with equal keys price every level alike."""
-        return (self.world_size, self.overlap, self.dense_bytes, self.qsgd.params.bucket_size, repr(self.topk.params),
+        return (self.world_size, self.overlap, self.dense_bytes, self.shared, self.qsgd.params.bucket_size,
+                repr(self.topk.params),
                 tuple((fam, tuple(sorted(t.fits.items()))) for fam, t in sorted(self.tables.items())))
 
     # ---- one level -------------------------------------------------------------------------------------
     def cost(self, group: Group, level: Level) -> LevelCost:
         m = group.numel
         edges = self.dense_table.get(STAGE)(m) + self.dense_table.get(WRITEBACK)(m)
+        if level.family == DENSE and self.shared:          # plain fp32 values in a shared bucket's first round
+            return LevelCost(4.0 * m, 0.0, self.dense_table.get(ALL_REDUCE).b * 4.0 * m, edges)
         if level.family == DENSE:
             total = dense_time(self.dense_table, m, self.dense_bytes)
             return LevelCost(float(self.dense_bytes * m), 0.0, total - edges, edges)
@@ -151,11 +161,22 @@ class Pricer:
         n, m = group.shape
         k = group.count
         table = self.tables[LOWRANK]
-        wire = table.get(ALL_REDUCE)(4.0 * k * n * r) + table.get(ALL_REDUCE)(4.0 * k * m * r)
+        reduce = table.get(ALL_REDUCE)
+        if self.shared:                  # the bucket's two all-reduces run anyway: the group adds bytes only
+            reduce = LinearFit(0.0, reduce.b)
+        wire = reduce(4.0 * k * n * r) + reduce(4.0 * k * m * r)
         madds = k * (3.0 * n * m * r + (n + m) * r * r)
         codec = table.get(GEMM)(madds, calls=LOWRANK_CALLS * k) + table.get(STAGE)(group.numel)
         sent = 2.0 * (self.world_size - 1) / self.world_size * 4.0 * k * (n + m) * r
         return LevelCost(sent, codec, wire, edges)
+
+    def dense_step(self, groups: Sequence[Group]) -> float:
+        """Exposed seconds of a step whose groups are all dense: one all-reduce of every value in the dense dtype
+        (what the synchronizer sends then, in either bucket layout)."""
+        m = sum(g.numel for g in groups)
+        edges = self.dense_table.get(STAGE)(m) + self.dense_table.get(WRITEBACK)(m)
+        total = dense_time(self.dense_table, m, self.dense_bytes)
+        return edges + (1.0 - self.overlap) * (total - edges)
 
     # ---- tables ----------------------------------------------------------------------------------------
     def times(self, groups: Sequence[Group]) -> list[list[float]]:
@@ -167,14 +188,14 @@ class Pricer:
         return sum(self.cost(g, g.ladder[c]).payload_bytes for g, c in zip(groups, codes))
 
 
-def pricer_for(fits: Optional[FitTable], family: str, config: "GravacConfig", world: int, dense_bytes: int
-               ) -> Pricer:
+def pricer_for(fits: Optional[FitTable], family: str, config: "GravacConfig", world: int, dense_bytes: int,
+               shared: bool = False) -> Pricer:
     """The pricer of ``auto``'s plans: over agreed measured ``fits`` (a measured ``gemm`` line replaces the
     low-rank codec prior, a quantizer's or sparsifier's measured encode and decode its priors), else over the
     nominal link of ``auto.link_gbit_s``. The configured compressor's payload is priced as it is sent."""
     params = dict(config.compressor.params)
     shape = {"qsgd_block": int(params.get("bucket_size", 128)) if family == QSGD else 128,
-             "topk_params": params if family == SPARSE else None, "dense_bytes": dense_bytes}
+             "topk_params": params if family == SPARSE else None, "dense_bytes": dense_bytes, "shared": shared}
     if not isinstance(fits, FitTable):
         a = config.auto
         return Pricer(link_fits(float(a.link_gbit_s) * 1e9, float(a.link_alpha_s), world), world, **shape)
