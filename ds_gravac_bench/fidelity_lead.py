@@ -7,12 +7,17 @@ time is to the held-out target where the task sets one (top-1: dense's final min
 target; a ratio above 1 is sooner than DDP + bf16. A system that missed the target on some seed has no mean time
 and no ratio ("–"), and a row of a controller trained at one rate has figures at that rate only.
 
+With step times measured in rounds (``fidelity_seeds --rounds RATE=FILE``), a static row's cell also gives the
+ratio paired within each round — both systems' median step of that round, each times its mean steps to target —
+as min–max: the step-time noise floor beside the ratio; a range that holds 1 is no difference.
+
 Below it, per rate, where post-local SGD (its best period there) is sooner than each compressed system and where it
 is not, judged against the noise floor in steps to target (the jitter control's mean relative difference to dense):
 a difference inside it is "no difference".
 """
 from __future__ import annotations
 
+import statistics
 from typing import Any, Optional
 
 from ds_gravac_bench.fidelity_output import NOISE_CONTROL
@@ -38,6 +43,32 @@ def ratios(res: dict[str, Any]) -> dict[str, dict[str, Optional[float]]]:
     return out
 
 
+def _mean_steps(row: dict[str, Any], held_out: bool) -> Optional[float]:
+    steps = row.get("steps_to_top1" if held_out else "steps_to_target") or []
+    return sum(steps) / len(steps) if steps and all(s for s in steps) else None
+
+
+def round_ratios(res: dict[str, Any]) -> dict[str, dict[str, tuple[float, float, float]]]:
+    """System id → rate → (min, median, max) over the rounds of the baseline's time to target over the system's,
+    each round's median steps times the mean steps to target. Only rows priced by one cluster step at that rate
+    (not a controller's own run, nor post-local SGD's or a dense start's mixed steps)."""
+    held_out = any(r.get("top1_spread") for r in res["systems"])
+    base = next((r for r in res["systems"] if r["id"] == BASELINE), None)
+    base_steps = _mean_steps(base, held_out) if base else None
+    out: dict[str, dict[str, tuple[float, float, float]]] = {}
+    for rate, at in (res.get("rounds") or {}).items():
+        base_rounds = at["systems"].get(BASELINE)
+        if not base_steps or not base_rounds:
+            continue
+        for r in res["systems"]:
+            mine, steps = at["systems"].get(r["id"]), _mean_steps(r, held_out)
+            if r["id"] == BASELINE or not mine or not steps or not r.get("one_step", {}).get(rate):
+                continue
+            xs = [base_steps * b / (steps * m) for b, m in zip(base_rounds, mine)]
+            out.setdefault(r["id"], {})[rate] = (min(xs), statistics.median(xs), max(xs))
+    return out
+
+
 def _metric(row: dict[str, Any]) -> str:
     spread = row.get("top1_spread")
     if spread:
@@ -45,14 +76,19 @@ def _metric(row: dict[str, Any]) -> str:
     return "–" if row.get("ppl") is None else f"ppl {row['ppl']:.1f}"
 
 
-def _cell(t: Optional[float], x: Optional[float]) -> str:
-    return "–" if t is None else f"{t:.0f} s ({x:.2f}×)" if x else f"{t:.0f} s"
+def _cell(t: Optional[float], x: Optional[float], paired: Optional[tuple[float, float, float]] = None) -> str:
+    if t is None:
+        return "–"
+    if not x:
+        return f"{t:.0f} s"
+    rounds = f"; rounds {paired[0]:.2f}–{paired[2]:.2f}×" if paired else ""
+    return f"{t:.0f} s ({x:.2f}×{rounds})"
 
 
 def lead_markdown(res: dict[str, Any]) -> str:
     held_out = any(r.get("top1_spread") for r in res["systems"])
     rates = sorted({rate for r in res["systems"] for rate in _times(r, held_out)})
-    vs = ratios(res)
+    vs, paired = ratios(res), round_ratios(res)
     floor = next((r for r in res["systems"] if r["id"] == NOISE_CONTROL), None)
     target = "held-out target" if held_out else "loss target"
     metric = "final held-out top-1 % (mean ± sd)" if held_out else "final held-out perplexity (mean)"
@@ -63,14 +99,23 @@ def lead_markdown(res: dict[str, Any]) -> str:
              f"Ratios: {BASELINE}'s mean time to the {target} over the system's (above 1: sooner)."
              + (f" Noise floor ({NOISE_CONTROL}): top-1 − dense {_pm(floor.get('top1_diff'))} points."
                 if floor and floor.get("top1_diff") else ""), "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+             *_rounds_note(res), "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in res["systems"]:
-        cells = [r["id"], r["family"]] + [_cell(_times(r, held_out).get(rate), vs[r["id"]].get(rate))
-                                          for rate in rates]
+        cells = [r["id"], r["family"]] + [_cell(_times(r, held_out).get(rate), vs[r["id"]].get(rate),
+                                                paired.get(r["id"], {}).get(rate)) for rate in rates]
         diff = _pm(r.get("top1_diff")) if held_out else f"{100 * r['gap']:+.1f}%"
         bytes_cell = "–" if r.get("bytes_ratio") is None else f"{r['bytes_ratio']:.3f}"
         lines.append("| " + " | ".join(cells + [_metric(r), diff, bytes_cell, r["verdict"]]) + " |")
     return "\n".join(lines + local_sgd_lines(res)) + "\n"
+
+
+def _rounds_note(res: dict[str, Any]) -> list[str]:
+    rounds = res.get("rounds") or {}
+    if not rounds:
+        return []
+    said = ", ".join(f"{rate}: {at['rounds']} rounds (`{at['file']}`)" for rate, at in sorted(rounds.items()))
+    return [f"Rounds of step times ({said}): a static row's ratio paired per round, min–max; a range that holds 1 "
+            "is no difference.", ""]
 
 
 def steps_floor(res: dict[str, Any]) -> Optional[float]:

@@ -32,7 +32,7 @@ from ds_gravac_bench.fidelity_judge import judged
 from ds_gravac_bench.fidelity_runs import cluster_runs, load_dirs, match_key
 from ds_gravac_bench.fidelity_lead import lead_markdown
 from ds_gravac_bench.fidelity_output import NOISE_CONTROL
-from ds_gravac_bench.fidelity_time import time_at_rate
+from ds_gravac_bench.fidelity_time import ONE_STEP, time_at_rate
 from ds_gravac_bench.report import shown_path
 
 
@@ -112,8 +112,10 @@ def _mean_times(per: Sequence[dict[str, Any]]) -> dict[str, Optional[float]]:
     return {rate: _mean([r.get("rates", {}).get(rate, {}).get("time_s") for r in per]) for rate in sorted(rates)}
 
 
-def combine(seeds: Sequence[Sequence[Path]], clusters: Optional[dict[str, list[Path]]] = None) -> dict[str, Any]:
-    """Per-system figures of every seed and their means; a system counts only where every seed ran it."""
+def combine(seeds: Sequence[Sequence[Path]], clusters: Optional[dict[str, list[Path]]] = None,
+            rounds: Optional[dict[str, Path]] = None) -> dict[str, Any]:
+    """Per-system figures of every seed and their means; a system counts only where every seed ran it. ``rounds``:
+    rate → a ``step_times`` file measured in rounds, whose per-round medians the leading table pairs."""
     tables = [seed_table(dirs, clusters or {}) for dirs in seeds]
     if len({t["model"] for t in tables}) != 1:
         raise SystemExit("fidelity_seeds: the runs trained different models")
@@ -141,14 +143,31 @@ def combine(seeds: Sequence[Sequence[Path]], clusters: Optional[dict[str, list[P
                "time_s": _mean_times(per), "dense_time_s": _mean_times(dense)}
         row["speedup"] = {rate: row["dense_time_s"].get(rate) / t if t and row["dense_time_s"].get(rate) else None
                           for rate, t in row["time_s"].items()}
+        row["one_step"] = {rate: all(r.get("rates", {}).get(rate, {}).get("source") == ONE_STEP for r in per)
+                           for rate in row["time_s"]}
         row.update(_paired(per, dense))
         row["verdict"] = _verdict(row, tables[0]["reference"])
         rows.append(row)
     floor = next((r for r in rows if r["id"] == NOISE_CONTROL), None)
     return {"model": tables[0]["model"], "steps": tables[0]["steps"],
-            "seeds": [[shown_path(p) for p in s] for s in seeds],
+            "seeds": [[shown_path(p) for p in s] for s in seeds], "rounds": round_medians(rounds or {}),
             "noise_floor": None if floor is None else {k: floor[k] for k in ("gaps", "top1_diff", "steps_to_target")},
             "systems": rows}
+
+
+def round_medians(files: dict[str, Path]) -> dict[str, Any]:
+    """Rate → the file it came from and, per system, its median step in each round (``step_times`` with a rate
+    given several times)."""
+    out: dict[str, Any] = {}
+    for rate, path in files.items():
+        kept = json.loads(Path(path).read_text())
+        at = kept.get("rates", {}).get(rate)
+        if at is None or int(at.get("rounds", 1)) < 2:
+            raise SystemExit(f"fidelity_seeds: {path} holds no rounds at {rate}")
+        out[rate] = {"file": shown_path(Path(path)), "rounds": int(at["rounds"]),
+                     "systems": {sid: row["round_medians"] for sid, row in at["systems"].items()
+                                 if len(row.get("round_medians", [])) == int(at["rounds"])}}
+    return out
 
 
 def _spread(xs: Sequence[Optional[float]]) -> Optional[dict[str, float]]:
@@ -267,14 +286,24 @@ def _time_cell(row: dict[str, Any], rate: str) -> str:
     return _pair_cell(row["time_s"].get(rate), row["speedup"].get(rate))
 
 
+def _rate_file(value: str) -> tuple[str, Path]:
+    rate, sep, path = value.partition("=")
+    if not sep or not rate or not Path(path).is_file():
+        raise argparse.ArgumentTypeError(f"expected RATE=FILE with FILE a step_times output, got {value!r}")
+    return rate, Path(path)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("seeds", nargs="+", help="one argument per seed: a fidelity run dir, or several joined by ','")
     ap.add_argument("--cluster", action="append", type=cluster_arg, default=[], metavar="RATE=DIR",
                     help="bench_e2e run(s) on the emulated cluster at RATE (several DIRs joined by ','); repeatable")
+    ap.add_argument("--rounds", action="append", type=_rate_file, default=[], metavar="RATE=FILE",
+                    help="a step_times file measured in rounds at RATE: the leading table adds each static row's "
+                         "ratio per round (min–max); repeatable, one per rate")
     ap.add_argument("--out", required=True, help="directory for seeds.md, seeds.json and lead.md (the leading table)")
     a = ap.parse_args(argv)
-    res = combine([[Path(p) for p in arg.split(",")] for arg in a.seeds], clusters_of(a.cluster))
+    res = combine([[Path(p) for p in arg.split(",")] for arg in a.seeds], clusters_of(a.cluster), dict(a.rounds))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "seeds.json").write_text(json.dumps(res, indent=1))

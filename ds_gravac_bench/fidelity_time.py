@@ -11,6 +11,8 @@ from typing import Any, Optional
 
 from ds_gravac_bench.report import SKIP_STEPS
 
+ONE_STEP = "loopback steps × cluster step"      # a time priced by one median step: rounds of step times may re-price it
+
 
 def first_reach(smoothed: list[float], target: float) -> Optional[int]:
     """1-based step at which the smoothed loss first reaches the target."""
@@ -75,7 +77,7 @@ def time_at_rate(run: Optional[dict[str, Any]], steps_to_target: Optional[int], 
     step_s = run["median_step"]
     return {"step_s": step_s, "time_s": steps_to_target * step_s if steps_to_target else None,
             "top1_time_s": steps_to_top1 * step_s if steps_to_top1 else None,
-            "source": "loopback steps × cluster step"}
+            "source": ONE_STEP}
 
 
 def time_with_dense_start(run: dict[str, Any], steps_to_target: Optional[int], warmup: int) -> dict[str, Any]:

@@ -392,3 +392,44 @@ def test_the_leading_table_says_where_post_local_sgd_beats_compression_beside_th
     assert "`sooner` (50 s): compression 2.00× sooner" in line
     assert "`never` (never reached the target): post-local SGD sooner" in line
     assert "noise floor ±20%" in lead_markdown(res)
+
+
+def test_the_leading_table_pairs_static_rows_with_the_baseline_in_each_round_of_step_times(tmp_path: Path) -> None:
+    """Rounds of step times at 1 Gbit/s: DDP + bf16 0.5, 0.6, 0.55 s; a static compressor 0.4, 0.5, 0.5 s. With 4,800
+    and (4,000 + 4,400) / 2 = 4,200 steps to the held-out target, the paired ratios per round are 4800·0.5 /
+    (4200·0.4) = 1.43, 4800·0.6 / (4200·0.5) = 1.37 and 4800·0.55 / (4200·0.5) = 1.26. A controller's own run and a
+    row priced otherwise (post-local SGD's mixed steps) get no range, even when the rounds list their id."""
+    from ds_gravac_bench.fidelity_lead import lead_markdown, round_ratios
+    from ds_gravac_bench.fidelity_time import ONE_STEP
+
+    def seed(root: Path, mine_steps: int) -> Path:
+        root.mkdir()
+
+        def row(sid: str, family: str, steps: int, t: float, source: str = ONE_STEP) -> dict:
+            return {**_row(sid, family, 0.5, 0.5, 0.34, 200, 0.5), "steps_to_top1": steps,
+                    "rates": {"1gbit": {"top1_time_s": t, "source": source}}}
+        rows = [row("ds_dense", "dense", 5600, 4000.0), row("ddp_bf16", "baseline", 4800, 2500.0),
+                row("mine", "low-rank", mine_steps, 2000.0),
+                row("ddp_localsgd@period=8", "baseline", 5000, 1500.0, source="mixed steps"),
+                {**row("gv_auto at 1gbit", "low-rank", 4600, 2700.0, source="cluster run"), "trained_at": "1gbit"}]
+        (root / "fidelity.json").write_text(json.dumps({"model": "resnet18", "steps": 6000,
+                                                        "reference": "ds_dense", "systems": rows}))
+        return root
+
+    medians = {"ddp_bf16": [0.5, 0.6, 0.55], "mine": [0.4, 0.5, 0.5], "ddp_localsgd@period=8": [0.3, 0.3, 0.3],
+               "gv_auto at 1gbit": [0.4, 0.4, 0.4], "short": [0.4]}
+    kept = tmp_path / "rounds.json"
+    kept.write_text(json.dumps({"rates": {"1gbit": {"rounds": 3, "systems": {
+        sid: {"round_medians": m} for sid, m in medians.items()}}}}))
+    res = combine([[seed(tmp_path / "a", 4000)], [seed(tmp_path / "b", 4400)]], rounds={"1gbit": kept})
+    assert set(res["rounds"]["1gbit"]["systems"]) == set(medians) - {"short"}      # a system missing rounds: left out
+    paired = round_ratios(res)
+    lo, mid, hi = paired["mine"]["1gbit"]
+    assert (lo, mid, hi) == pytest.approx((4800 * 0.55 / (4200 * 0.5), 4800 * 0.6 / (4200 * 0.5),
+                                           4800 * 0.5 / (4200 * 0.4)), rel=1e-12)
+    assert not {"ddp_bf16", "ddp_localsgd@period=8", "gv_auto at 1gbit"} & set(paired)
+    md = lead_markdown(res)
+    assert "| mine | low-rank | 2000 s (1.25×; rounds 1.26–1.43×) |" in md
+    assert "1gbit: 3 rounds" in md
+    with pytest.raises(SystemExit, match="no rounds at 100mbit"):
+        combine([[seed(tmp_path / "c", 4000)]], rounds={"100mbit": kept})
