@@ -50,7 +50,13 @@ COMPRESSED = {
     "powersgd": {"mode": "static", "compressor": {"type": "powersgd", "params": {"rank": 2}}},
     "onebit": {"mode": "static", "compressor": "onebit"},
     "default": {},      # the product's defaults: static QSGD over the parameter-server exchange
+    # auto on a nominal slow link (deterministic plans), a decision every 2 steps; on 128-wide layers (at 64,
+    # its reference rank 16 does not compress a matrix, so its budget keeps every layer dense)
+    "auto": {"mode": "auto", "compressor": "powersgd",
+             "auto": {"interval_steps": 2, "sample_steps": 1, "tight_steps": 0, "dwell": 1, "pin_below_numel": 0,
+                      "link": "nominal", "link_gbit_s": 0.01, "detector_eta": None}},
 }
+WIDTH = {"auto": 128}
 ULPS = {torch.float32: 8, torch.bfloat16: 2}
 ENGINE_COUNTERS = {"/replicated/step", "/local/global_steps"}     # copies of engine.global_steps, which counts
 #                                                                    skipped steps too
@@ -64,11 +70,11 @@ def _zero_cfg(gravac: Any, stage: int, world: int, bf16: bool = False, gas: int 
 
 
 def _run(gravac: Any, stage: int, rank: int, world: int, bf16: bool = False, gas: int = GAS,
-         **zero: Any) -> dict:
+         width: int = 64, **zero: Any) -> dict:
     import deepspeed
 
     import ds_gravac
-    model = M.make_model(seed=0)
+    model = M.make_model(seed=0, width=width)
     init = deepspeed.initialize if gravac is None else ds_gravac.initialize
     engine, *_ = init(model=model, model_parameters=model.parameters(),
                       config=_zero_cfg(gravac, stage, world, bf16, gas, **zero))
@@ -133,7 +139,7 @@ def _compressed_job(rank: int, world: int) -> dict:
     out = {}
     for name, section in COMPRESSED.items():
         base = {"bucket_cap_mb": 0.02, "min_compress_numel": 1000, **section}
-        out[name] = {stage: _run(base, stage, rank, world) for stage in (0, 1, 2)}
+        out[name] = {stage: _run(base, stage, rank, world, width=WIDTH.get(name, 64)) for stage in (0, 1, 2)}
     topk = {"bucket_cap_mb": 0.02, "min_compress_numel": 1000, **COMPRESSED["topk"]}
     out["topk_bf16"] = {stage: _run(topk, stage, rank, world, bf16=True) for stage in (0, 1, 2)}
     return out
@@ -146,11 +152,13 @@ def compressed_runs() -> list:
 
 @pytest.mark.parametrize("name", [*COMPRESSED, "topk_bf16"])
 def test_compressed_under_zero_equals_zero0(compressed_runs: list, name: str) -> None:
-    init = M.params_of_model(M.make_model(seed=0))
+    init = M.params_of_model(M.make_model(seed=0, width=WIDTH.get(name, 64)))
     for res in compressed_runs:
         runs = res[name]
         dense_bytes_each = runs[0]["bytes"]
         assert all(b > 0 for b in dense_bytes_each)
+        if name == "auto":      # it did compress: a decided step sends less than its first (dense) step
+            assert min(dense_bytes_each) < dense_bytes_each[0], dense_bytes_each
         for stage in (1, 2):
             assert runs[stage]["bytes"] == dense_bytes_each, f"stage {stage}: bytes per step differ from ZeRO-0"
             for key, ref in runs[0]["params"].items():
