@@ -27,13 +27,18 @@ LOCAL_SGD = "ddp_localsgd"     # PyTorch's post-local SGD, one row per period (`
 COMPRESSED = ("sparsification", "low-rank", "quantization")
 
 
+def _held_out(res: dict[str, Any]) -> bool:
+    """The task sets a held-out target (a top-1 spread on some row): times and metrics are to it."""
+    return any(r.get("top1_spread") for r in res["systems"])
+
+
 def _times(row: dict[str, Any], held_out: bool) -> dict[str, Optional[float]]:
     return row.get("top1_time_s", {}) if held_out else row.get("time_s", {})
 
 
 def ratios(res: dict[str, Any]) -> dict[str, dict[str, Optional[float]]]:
     """System id → rate → the baseline's mean time to target over the system's (None where either is missing)."""
-    held_out = any(r.get("top1_spread") for r in res["systems"])
+    held_out = _held_out(res)
     base = next((r for r in res["systems"] if r["id"] == BASELINE), None)
     base_t = _times(base, held_out) if base else {}
     out = {}
@@ -52,7 +57,7 @@ def round_ratios(res: dict[str, Any]) -> dict[str, dict[str, tuple[float, float,
     """System id → rate → (min, median, max) over the rounds of the baseline's time to target over the system's,
     each round's median steps times the mean steps to target. Only rows priced by one cluster step at that rate
     (not a controller's own run, nor post-local SGD's or a dense start's mixed steps)."""
-    held_out = any(r.get("top1_spread") for r in res["systems"])
+    held_out = _held_out(res)
     base = next((r for r in res["systems"] if r["id"] == BASELINE), None)
     base_steps = _mean_steps(base, held_out) if base else None
     out: dict[str, dict[str, tuple[float, float, float]]] = {}
@@ -86,7 +91,7 @@ def _cell(t: Optional[float], x: Optional[float], paired: Optional[tuple[float, 
 
 
 def lead_markdown(res: dict[str, Any]) -> str:
-    held_out = any(r.get("top1_spread") for r in res["systems"])
+    held_out = _held_out(res)
     rates = sorted({rate for r in res["systems"] for rate in _times(r, held_out)})
     vs, paired = ratios(res), round_ratios(res)
     floor = next((r for r in res["systems"] if r["id"] == NOISE_CONTROL), None)
@@ -121,7 +126,7 @@ def _rounds_note(res: dict[str, Any]) -> list[str]:
 def steps_floor(res: dict[str, Any]) -> Optional[float]:
     """The noise floor in steps to target: the jitter control's mean |steps / dense's steps − 1| over the seeds
     where both reached it (None without the control)."""
-    held_out = any(r.get("top1_spread") for r in res["systems"])
+    held_out = _held_out(res)
     mine, dense = ("steps_to_top1", "dense_steps_to_top1") if held_out else ("steps_to_target", "dense_steps_to_target")
     floor = next((r for r in res["systems"] if r["id"] == NOISE_CONTROL), None)
     pairs = [(a, b) for a, b in zip(floor.get(mine) or [], floor.get(dense) or []) if a and b] if floor else []
@@ -130,7 +135,7 @@ def steps_floor(res: dict[str, Any]) -> Optional[float]:
 
 def local_sgd_lines(res: dict[str, Any]) -> list[str]:
     """Per rate, post-local SGD's best period (within the accuracy bounds) against every compressed row."""
-    held_out = any(r.get("top1_spread") for r in res["systems"])
+    held_out = _held_out(res)
     local = [r for r in res["systems"] if r["id"].startswith(LOCAL_SGD) and r["verdict"].endswith("ok")]
     compressed = [r for r in res["systems"] if r["family"] in COMPRESSED]
     if not local or not compressed:
