@@ -150,6 +150,13 @@ def test_shared_buckets_price_a_groups_bytes_and_a_dense_rung_as_plain_fp32() ->
     table = FitTable({**shared.link})
     assert shared.dense_step(gs) == pytest.approx(dense_time(table, total, 2), rel=1e-12)
     assert shared.dense_step(gs) < sum(shared.cost(g, DENSE_LEVEL).exposed(0.0) for g in gs)
+    # a plan's time: the sum of its rungs, except an all-dense plan in shared buckets, which is one dense step
+    dense, mixed = [0] * len(gs), [len(g.ladder) - 1 for g in gs]
+    for pricer in (own, shared):
+        times = pricer.times(gs)
+        assert pricer.plan_time(gs, times, mixed) == pytest.approx(sum(t[c] for t, c in zip(times, mixed)), rel=1e-12)
+    assert own.plan_time(gs, own.times(gs), dense) == pytest.approx(sum(t[0] for t in own.times(gs)), rel=1e-12)
+    assert shared.plan_time(gs, shared.times(gs), dense) == shared.dense_step(gs)
 
 
 def test_a_slower_link_plans_more_compression_at_the_same_budget() -> None:

@@ -112,8 +112,8 @@ class AutoController(Controller):
         self.reproject_step = -1                    # ... on this step (the decision's), then at their new rank
         self.off = StepOffRule(a.refit_tolerance)  # the last decision's step off its prediction: +1 over, −1 under
         self._fits: Optional[FitTable] = None        # re-timed link (auto.remeasure_decisions), newer than attach's
-        # (pricer key, times, a dense step's seconds): derived, not state
-        self._priced: Optional[tuple[tuple, list[list[float]], float]] = None
+        # (pricer key, times, the pricer): derived, not state
+        self._priced: Optional[tuple[tuple, list[list[float]], Pricer]] = None
 
     # ---- groups (called by the synchronizer before the first plan) ----------------------------------------
     def signal_groups(self, named_shapes: Sequence[tuple[str, Sequence[int]]]
@@ -217,16 +217,14 @@ class AutoController(Controller):
         pricer = self._pricer()
         key = pricer.key
         if self._priced is None or self._priced[0] != key:
-            self._priced = (key, pricer.times(self.groups), pricer.dense_step(self.groups))
+            self._priced = (key, pricer.times(self.groups), pricer)
         return [list(row) for row in self._priced[1]], signals.errors(self.groups)
 
     def _exchange(self, times: Sequence[Sequence[float]], codes: Sequence[int]) -> float:
-        """Predicted exchange seconds of a plan (after ``_tables``): the sum of its rungs, or in shared buckets
-        a dense step's own price when every group is dense."""
-        if self.shared and self._priced is not None and all(
-                g.ladder[c].family == DENSE for g, c in zip(self.groups, codes)):
-            return self._priced[2]
-        return predicted_step(0.0, times, codes)
+        """Predicted exchange seconds of a plan (after ``_tables``: its pricer's ``plan_time``)."""
+        if self._priced is None:
+            return predicted_step(0.0, times, codes)
+        return self._priced[2].plan_time(self.groups, times, codes)
 
     def _budget(self, errors: list[list[float]], times: list[list[float]], tight: bool,
                 signals: GroupErrors | GroupLevelErrors) -> Budget:

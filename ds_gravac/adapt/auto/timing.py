@@ -178,6 +178,14 @@ class Pricer:
         total = dense_time(self.dense_table, m, self.dense_bytes)
         return edges + (1.0 - self.overlap) * (total - edges)
 
+    def plan_time(self, groups: Sequence[Group], times: Sequence[Sequence[float]], codes: Sequence[int]) -> float:
+        """Predicted exchange seconds of a plan (``times``: this pricer's :meth:`times`): the sum of its rungs, or
+        in shared buckets a dense step's own price when every group is dense (one all-reduce in the dense dtype,
+        not each group's plain fp32 values)."""
+        if self.shared and all(g.ladder[c].family == DENSE for g, c in zip(groups, codes)):
+            return self.dense_step(groups)
+        return predicted_step(0.0, times, codes)
+
     # ---- tables ----------------------------------------------------------------------------------------
     def times(self, groups: Sequence[Group]) -> list[list[float]]:
         """Exposed seconds of every rung of every group's ladder (the solver's cost table)."""
