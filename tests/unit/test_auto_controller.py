@@ -184,6 +184,13 @@ def test_a_slow_link_compresses_more_than_a_fast_one() -> None:
         want = float(level.value) if level.family == LOWRANK else PLAIN
         assert all(decision.level_for(m) == want for m in g.members)
     assert all(math.isfinite(v) for v in slow.last.values())
+    # the decision's per-group record: errors that sum to the plan's and the reference's, within the caps, and
+    # the energies the signals carried (10 per member: ``_signals``)
+    plan = [e for e in slow.pop_events() if e["event"] == "auto_plan"][-1]
+    assert sum(plan["error"]) == pytest.approx(slow.last["error"], rel=1e-12)
+    assert sum(plan["reference_error"]) == pytest.approx(slow.last["ref_error"], rel=1e-12)
+    assert plan["budget"] == slow.last["budget"] and all(e <= c for e, c in zip(plan["error"], plan["caps"]))
+    assert plan["energy"] == [10.0 * g.count for g in slow.groups]
 
 
 @pytest.mark.parametrize("rate_bit_s", [1e7, 1e8])
