@@ -6,7 +6,8 @@ energy, a raise is re-projected on a plain step. None of that may change what a 
 one rank by its decisions, ``auto`` must follow the static run of that rank.
 
 Measured when ResNet101 under ``auto`` lagged static rank 16 at ranks 32-64 (docs/algorithms.md §8): the held
-plan is not the cause; the runs agree to float rounding.
+plan is not the cause; the runs agree to float rounding (at rank 32 too, checked when this test was written; the
+suite keeps rank 16, the reference level).
 
 Both runs start from the same factor (the static one's ``r`` rows are the leading rows of ``auto``'s 64) and take
 the same dense steps: ``auto``'s two before its first decision (a raise from an all-dense interval needs no
@@ -26,7 +27,7 @@ import torch
 import models as M
 from harness import run_ranks
 
-WIDTH, STEPS, HELD, MICRO = 512, 16, (16, 32), 64
+WIDTH, STEPS, HELD, MICRO = 512, 16, (16,), 64
 AUTO = {"mode": "auto", "compressor": "powersgd", "bucket_cap_mb": 0.5, "min_compress_numel": 0,
         "auto": {"interval_steps": 4, "sample_steps": 2, "dwell": 1, "pin_below_numel": 0, "link": "nominal",
                  "link_gbit_s": 0.01, "detector_eta": None, "dense_dtype": "engine"}}
