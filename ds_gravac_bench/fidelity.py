@@ -326,6 +326,14 @@ def cluster_arg(value: str) -> tuple[str, list[Path]]:
     return rate, dirs
 
 
+def rate_file_arg(value: str) -> tuple[str, Path]:
+    """``RATE=FILE``: a ``step_times`` output measured at one rate."""
+    rate, sep, path = value.partition("=")
+    if not sep or not rate or not Path(path).is_file():
+        raise argparse.ArgumentTypeError(f"expected RATE=FILE with FILE a step_times output, got {value!r}")
+    return rate, Path(path)
+
+
 def clusters_of(args: Sequence[tuple[str, list[Path]]]) -> dict[str, list[Path]]:
     """Repeated ``--cluster`` arguments of one rate merge."""
     clusters: dict[str, list[Path]] = {}

@@ -27,7 +27,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from ds_gravac_bench.fidelity import build, cluster_arg, clusters_of, noise_floor
+from ds_gravac_bench.fidelity import build, cluster_arg, clusters_of, noise_floor, rate_file_arg
 from ds_gravac_bench.fidelity_judge import judged
 from ds_gravac_bench.fidelity_runs import cluster_runs, load_dirs, match_key
 from ds_gravac_bench.fidelity_lead import lead_markdown
@@ -286,19 +286,12 @@ def _time_cell(row: dict[str, Any], rate: str) -> str:
     return _pair_cell(row["time_s"].get(rate), row["speedup"].get(rate))
 
 
-def _rate_file(value: str) -> tuple[str, Path]:
-    rate, sep, path = value.partition("=")
-    if not sep or not rate or not Path(path).is_file():
-        raise argparse.ArgumentTypeError(f"expected RATE=FILE with FILE a step_times output, got {value!r}")
-    return rate, Path(path)
-
-
 def main(argv: Optional[Sequence[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("seeds", nargs="+", help="one argument per seed: a fidelity run dir, or several joined by ','")
     ap.add_argument("--cluster", action="append", type=cluster_arg, default=[], metavar="RATE=DIR",
                     help="bench_e2e run(s) on the emulated cluster at RATE (several DIRs joined by ','); repeatable")
-    ap.add_argument("--rounds", action="append", type=_rate_file, default=[], metavar="RATE=FILE",
+    ap.add_argument("--rounds", action="append", type=rate_file_arg, default=[], metavar="RATE=FILE",
                     help="a step_times file measured in rounds at RATE: the leading table adds each static row's "
                          "ratio per round (min–max); repeatable, one per rate")
     ap.add_argument("--out", required=True, help="directory for seeds.md, seeds.json and lead.md (the leading table)")
