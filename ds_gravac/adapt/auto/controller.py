@@ -65,7 +65,7 @@ from .budget import Budget, error_budget
 from .solver import Hysteresis, totals
 from .refit import StepOffRule
 from .state import auto_state_dict, load_auto_state
-from .timing import Pricer, predicted_step, pricer_for
+from .timing import Pricer, pricer_for
 from .trial import TrialCheck
 
 FIRST_SIGNAL_STEP = 2        # step 0's signals arrive with step 1's statistics: the first plan at step 2
@@ -221,9 +221,9 @@ class AutoController(Controller):
         return [list(row) for row in self._priced[1]], signals.errors(self.groups)
 
     def _exchange(self, times: Sequence[Sequence[float]], codes: Sequence[int]) -> float:
-        """Predicted exchange seconds of a plan (after ``_tables``: its pricer's ``plan_time``)."""
+        """Predicted exchange seconds of a plan, by the pricer ``_tables`` priced ``times`` with."""
         if self._priced is None:
-            return predicted_step(0.0, times, codes)
+            raise RuntimeError("ds_gravac: auto priced a plan before pricing its levels (_tables first)")
         return self._priced[2].plan_time(self.groups, times, codes)
 
     def _budget(self, errors: list[list[float]], times: list[list[float]], tight: bool,
