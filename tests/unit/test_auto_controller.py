@@ -88,6 +88,18 @@ def test_auto_refuses_other_compressors_at_attach() -> None:
     assert build_compressor(parse_config({"mode": "auto", "compressor": "qsgd"})).name == "qsgd"
 
 
+@pytest.mark.parametrize("section, key", [({"compressor": "topk", "cf": 10}, "cf"),
+                                          ({"compressor": "powersgd", "warmup_steps": 20}, "warmup_steps")])
+def test_static_keys_are_refused_under_auto_not_ignored(section: dict, key: str) -> None:
+    """``cf`` and the top-level ``warmup_steps`` are static mode's; auto never read them, so a user who set them
+    trained without what they asked for. Attach refuses them and names auto's own key where there is one."""
+    from ds_gravac.integration.engine import build_compressor
+
+    with pytest.raises(GravacConfigError, match=rf'key "{key}" .* is static mode.s and is not read by mode .auto.'):
+        build_compressor(parse_config({"mode": "auto", **section}))
+    assert build_compressor(parse_config({"mode": "static", **section})).name == section["compressor"]
+
+
 def test_the_dense_rung_sends_a_matrix_plain_and_a_rank_rung_at_its_rank() -> None:
     """What PowerSGD, bound by auto's mode, makes of the levels the controller gives a tensor."""
     from ds_gravac.adapt.auto.ladder import build_groups
