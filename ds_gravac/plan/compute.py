@@ -134,6 +134,8 @@ def first_decision(cfg: GravacConfig, controller: Controller, plan: Plan) -> Ste
     """The decision of the first step that may compress (step 0 is always dense: it finds the backward
     order), described in ``plan.start``."""
     step = 1 + int(cfg.warmup_steps) if cfg.mode == "static" else int(getattr(controller, "i0", 1))
+    if cfg.mode == "auto":
+        controller.hold_reference()
     decision = controller.decide(step, math.nan)
     plan.step = step
     ctl: Any = controller          # the mode's own controller: its levels are named in ``plan.start``
@@ -150,8 +152,9 @@ def first_decision(cfg: GravacConfig, controller: Controller, plan: Plan) -> Ste
                       f"switches per tensor between {ctl.low:g} and {ctl.high:g} at run time, every "
                       f"{cfg.accordion.interval_steps} steps")
     else:
-        plan.start = (f"auto: every layer group starts at its first rung (shown); re-planned every "
-                      f"{cfg.auto.interval_steps} steps from measured error and time at run time")
+        plan.start = (f"auto: the reference plan (shown), which bounds every plan's predicted step and error; at "
+                      f"run time each layer group moves between dense and its ladder every "
+                      f"{cfg.auto.interval_steps} steps, from measured error and time")
     return decision
 
 
@@ -180,7 +183,9 @@ def plan_engine(engine: Any, world_size: int, rate_bit_s: float, alpha_s: float)
         plan.notes.append('"enabled": false: attach returns a passive handle and DeepSpeed keeps its all-reduce')
         return plan
     _attempt(plan, reject_unimplemented, cfg)
-    _attempt(plan, validate_engine, engine)
+    ok, _ = _attempt(plan, validate_engine, engine)
+    if not ok:          # e.g. ZeRO-3: its partitioned tensors would only add knock-on refusals
+        return plan
     ok, comp = _attempt(plan, build_compressor, cfg)
     if not ok:
         return plan

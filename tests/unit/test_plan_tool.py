@@ -64,6 +64,48 @@ def test_default_config_bytes_follow_the_qsgd_format() -> None:
     assert report["predicted_s"] < report["predicted_dense_s"]
 
 
+def _with_section(tmp_path: Path, section: dict, **engine: object) -> Path:
+    config = {**json.loads(DEFAULT.read_text()), **engine, "gravac": section}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def _report(out: subprocess.CompletedProcess) -> dict:
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout[out.stdout.index("{\n"):])      # after DeepSpeed's build lines, if any
+
+
+def test_auto_plans_show_its_reference_rank_16(tmp_path: Path) -> None:
+    """``auto`` over PowerSGD: the plan shows its reference, rank 16 on every tensor of at least 16,384 values (P
+    and Q factors, ``4·16·(n + m)`` bytes for an ``n × m`` matrix view), the rest dense in bf16 (2 bytes a value);
+    at two ranks a rank sends what it all-reduces. (It showed the all-dense first rung, which says nothing.)"""
+    section = {"mode": "auto", "compressor": "powersgd", "min_compress_numel": 16384}
+    report = _report(plan(str(_with_section(tmp_path, section)), "--model", "resnet18", "--json"))
+    expected = 0.0
+    for p in torchvision.models.resnet18(weights=None).parameters():
+        n = p.shape[0]
+        expected += 4 * 16 * (n + p.numel() // n) if p.numel() >= 16384 else 2 * p.numel()
+    assert (report["mode"], report["compressor"], report["refusals"]) == ("auto", "powersgd", [])
+    assert report["bytes_sent"] == expected
+    assert {r["level"] for r in report["rows"] if r["family"] == "powersgd"} == {"rank 16"}
+    assert "reference plan" in report["start"]
+
+
+def test_an_unsupported_engine_is_refused_without_knock_on_refusals(tmp_path: Path) -> None:
+    """Under ZeRO-3 every tensor is partitioned to nothing on the planning process; the checks after the engine's
+    would only add refusals that follow from it ("no compressed tensor")."""
+    path = _with_section(tmp_path, {"mode": "auto", "compressor": "powersgd", "min_compress_numel": 16384},
+                         zero_optimization={"stage": 3}, zero_allow_untested_optimizer=True)
+    config = json.loads(path.read_text())
+    del config["scheduler"]       # torch's MultiStepLR does not take DeepSpeed's stage-3 optimizer wrapper
+    path.write_text(json.dumps(config))
+    out = plan(str(path), "--model", "resnet18")
+    assert out.returncode == 2, out.stdout + out.stderr
+    refused = out.stdout.split("refused at attach (1):\n", 1)[1].splitlines()
+    assert len(refused) == 1 and "zero_optimization.stage 3 is not supported" in refused[0]
+
+
 def test_a_hugging_face_model_given_as_module_callable() -> None:
     """The HF BERT example (``module:callable``): every trainable tensor planned, bytes at the default's ratio."""
     from runners.train_hf import tiny_bert

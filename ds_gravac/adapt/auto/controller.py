@@ -143,6 +143,10 @@ class AutoController(Controller):
         # "shared": the engine's buckets, a few collectives for all groups
         return GroupSpec(members=members, count=len(self.groups), ranks=RANKS, bucketed=not self.shared)
 
+    def hold_reference(self) -> None:
+        """Hold the reference codes: the plan tool's offline picture (no plan is predicted slower or noisier)."""
+        self.codes, self._levels = list(self.reference), self._member_levels(self.reference)
+
     @property
     def codec_levels(self) -> tuple[float, ...]:
         """The compressor levels whose encode and decode ``auto.link: "measure"`` times on this core (QSGD's and
