@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from ds_gravac.adapt.auto.controller import PLAIN, AutoController
-from ds_gravac.adapt.auto.ladder import LOWRANK, RANKS
+from ds_gravac.adapt.auto.budget import exact_reference
+from ds_gravac.adapt.auto.ladder import LOWRANK, RANKS, Level, uniform_codes
+from ds_gravac.adapt.auto.signals import EXACT_FRACTION
 from ds_gravac.adapt.auto.timing import Pricer, link_fits
 from ds_gravac.adapt.base import ControllerContext
 from ds_gravac.config import AutoConfig, parse_config
@@ -145,9 +147,10 @@ def _signals(ctl: AutoController, steep: str = "") -> tuple[GroupSignal, ...]:
 
 
 def _controller(rate_bit_s: float, remeasured_bit_s: float = 0.0, steep: str = "", dense_bytes: int = 4,
-                **keys: object) -> AutoController:
+                exact: str = "", **keys: object) -> AutoController:
     """Signals of three steps observed; the link at ``rate_bit_s``, re-timed at ``remeasured_bit_s`` (every
-    decision after the first) when given; ``keys`` override the ``auto`` section."""
+    decision after the first) when given; group ``exact`` has a rank-64 gradient (``_exact_signals``); ``keys``
+    override the ``auto`` section."""
     auto = {"interval_steps": 10, "dwell": 0, "remeasure_decisions": 1 if remeasured_bit_s else 0, **keys}
     ctl = AutoController(parse_config({"mode": "auto", "compressor": "powersgd", "auto": auto}))
     ctl.signal_groups(SHAPES)
@@ -158,7 +161,7 @@ def _controller(rate_bit_s: float, remeasured_bit_s: float = 0.0, steep: str = "
                                compressible=tuple(n for n, _ in SHAPES), cost_fits=lambda: fits,
                                measure_link=lambda: later, dense_bytes_per_element=dense_bytes))
     for step in range(3):
-        _observe(ctl, step, _signals(ctl, steep))
+        _observe(ctl, step, _exact_signals(ctl, exact, 64) if exact else _signals(ctl, steep))
     return ctl
 
 
@@ -433,3 +436,57 @@ def test_the_first_re_timing_compares_the_link_with_attach_s() -> None:
     resets = [e for e in ctl.pop_events() if e["event"] == "auto_trial_reset"]
     assert len(resets) == 1 and resets[0]["all_reduce_b"] == pytest.approx(100.0 * attach_b, rel=1e-9)
     assert (ctl.trial.ref_step, ctl.trial.hold, ctl.trial.backoff) == (0.0, 0, 1)
+
+
+def _exact_signals(ctl: AutoController, exact: str, rank: int) -> tuple[GroupSignal, ...]:
+    """``_signals``, except that group ``exact`` has a gradient of rank ``rank`` (as a fully connected layer fed
+    ``rank`` samples has), its spectrum ∝ 1/k up to there."""
+    out = list(_signals(ctl))
+    g = next(g for g in ctl.groups if g.name == exact)
+    energy = 10.0 * g.count
+    spectrum = [1.0 / k for k in range(1, rank + 1)]
+    prefix = tuple(energy * sum(spectrum[:r]) / sum(spectrum) for r in RANKS)
+    out[g.index] = GroupSignal(den=energy, applied=energy, prefix=prefix)
+    return tuple(out)
+
+
+@pytest.mark.parametrize("rate_bit_s", [1e7, 1e8])
+def test_a_group_a_rank_sends_exactly_is_referenced_and_capped_there(rate_bit_s: float) -> None:
+    """A 512 × 4608 class whose gradient has rank 64 (rank 64 sends it exactly, rank 16 leaves 29% unsent): its
+    reference becomes rank 64 with zero error, so with the default caps it goes exact or dense — on a slow link,
+    where the rank-16 reference would let it go to rank 16 or below — and the other groups keep their
+    budget (the summed budget is theirs alone)."""
+    ctl = _controller(rate_bit_s, exact="512x4608")
+    target = next(g for g in ctl.groups if g.name == "512x4608")
+    quiet = ctl.tight_until
+    ctl.accept(quiet, ctl.propose(quiet, 0.1))
+    plan = [e for e in ctl.pop_events() if e["event"] == "auto_plan"][-1]
+    level = target.ladder[ctl.codes[target.index]]
+    assert level in (target.ladder[0], Level(LOWRANK, 64.0))
+    assert level != target.ladder[0]                  # dense bytes are far slower than rank 64 on these links
+    assert plan["reference_error"][target.index] == 0.0 and plan["error"][target.index] == 0.0
+    others = [g.index for g in ctl.groups if g.index != target.index]
+    r16 = uniform_codes(ctl.groups, Level(LOWRANK, 16.0))
+    _, errors = ctl._tables(ctl.signals)
+    assert ctl.last["ref_error"] == pytest.approx(sum(errors[g][r16[g]] for g in others), rel=1e-12)
+
+
+def test_exactness_is_a_measured_fraction_at_most_exact_fraction() -> None:
+    """``u ≤ EXACT_FRACTION`` counts as exact (error 0), twice that does not; an exact rung replaces a reference
+    rung with error, the smallest exact rank wins, and a reference rung already exact is kept."""
+    ctl = _controller(1e8)
+    ctl.signals.close_interval()
+    g = next(g for g in ctl.groups if g.name == "512x4608")
+    r64, r32, r16 = (g.code(Level(LOWRANK, r)) for r in (64.0, 32.0, 16.0))
+    for frac, exact in ((EXACT_FRACTION, True), (2 * EXACT_FRACTION, False)):
+        ctl.signals.frac[g.index][RANKS.index(32)] = frac
+        assert (ctl.signals.errors(ctl.groups)[g.index][r32] == 0.0) is exact
+    errors = [[0.0 if lv.family == "dense" else 1.0 for lv in grp.ladder] for grp in ctl.groups]
+    errors[g.index][r64] = errors[g.index][r32] = 0.0
+    assert exact_reference(ctl.groups, errors, ctl.reference)[g.index] == r32
+    errors[g.index][r32] = 0.5
+    assert exact_reference(ctl.groups, errors, ctl.reference)[g.index] == r64
+    assert [c for i, c in enumerate(exact_reference(ctl.groups, errors, ctl.reference)) if i != g.index] == \
+        [c for i, c in enumerate(ctl.reference) if i != g.index]           # the other groups keep rank 16
+    errors[g.index][r16] = 0.0
+    assert exact_reference(ctl.groups, errors, ctl.reference) == ctl.reference

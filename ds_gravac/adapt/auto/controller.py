@@ -18,10 +18,9 @@ configured compressor — re-planned every ``interval_steps`` under an error bud
 * **Decision** at steps ``start + k·I``: rank 0 prices every rung (``timing.Pricer`` over the agreed fits of the
   link timed at attach, ``timing.measure_link``, or the nominal link of ``auto.link_gbit_s``), takes every
   rung's error from the agreed per-group signals (``signals.GroupErrors``, ``signals.GroupLevelErrors``), and
-  solves the knapsack with hysteresis (``solver.Hysteresis``) under ``β·error(reference)``, the reference being
-  the family's validated level on every group (rank 16, 8 bits, CF 30; over QSGD, while quiet, at least the
-  variance ``auto.efficiency_floor`` allows). It broadcasts one int64 code per group plus the phase; every rank
-  maps codes to per-tensor levels identically.
+  solves the knapsack with hysteresis (``solver.Hysteresis``) under ``β·error(reference)`` (``budget``: the
+  family's validated level on every group, or a rank measured exact; over QSGD, while quiet, at least the variance
+  ``auto.efficiency_floor`` allows). It broadcasts one int64 code per group plus the phase.
 * **Phases**: the budget is ``budget_tight`` for decisions within ``tight_steps`` of the start, of a drop of
   the agreed learning rate (a step-to-step decrease by at least ``lr_drop`` of it) and of a decision at which
   Accordion's norm-change rule fired on some group (``detector_eta``), ``budget_quiet`` otherwise.
@@ -29,9 +28,8 @@ configured compressor — re-planned every ``interval_steps`` under an error bud
   predicted exchange of the plan it ran, plus the new plan's: the compute term is re-fitted every decision); a
   step off its prediction in one direction at two decisions in a row re-times the link on every rank before
   rank 0 proposes (``refit.StepOffRule``).
-* **Buckets**: each group in buckets of its own (``auto.buckets: "groups"``: a dense-rung group is then one
-  all-reduce in the dense dtype), or, over low rank, the engine's bucket plan (``"shared"``: fewer collectives;
-  a dense-rung group rides plain fp32 in its bucket's first round, priced so by ``timing.Pricer``).
+* **Buckets**: each group in buckets of its own (``auto.buckets: "groups"``), or, over low rank, the engine's
+  (``"shared"``: fewer collectives; a dense-rung group rides plain fp32, priced so by ``timing.Pricer``).
 * **Trial**: a mixed plan must measure ``min_gain`` faster than the reference, else the reference is held
   (``trial.TrialCheck``).
 
@@ -59,9 +57,9 @@ from ...sync.sparse_unsent import UnsentSpec
 from ...decision import StepDecision
 from ..base import AgreedStats, Controller, ControllerContext
 from .ladder import (DENSE, LOWRANK, QSGD, QSGD_BITS, RANKS, REFERENCE, SPARSE, SPARSE_CFS, Group, Level, build_groups,
-                     uniform_codes)
+                     member_levels, uniform_codes)
 from .signals import GroupErrors, GroupLevelErrors
-from .budget import Budget, error_budget
+from .budget import Budget, error_budget, exact_reference
 from .solver import Hysteresis, totals
 from .refit import StepOffRule
 from .state import auto_state_dict, load_auto_state
@@ -169,19 +167,7 @@ class AutoController(Controller):
                                     "synchronizer did not ask for them)")
 
     def _member_levels(self, codes: Sequence[int]) -> dict[str, float]:
-        out = {}
-        for g, c in zip(self.groups, codes):
-            level = g.ladder[c]
-            if level.family == LOWRANK:
-                value = float(level.value)
-            elif level.family == QSGD:
-                value = 32.0 / float(level.value)       # b bits: CF 32/b
-            elif level.family == SPARSE:
-                value = float(level.value)
-            else:
-                value = PLAIN
-            out.update({m: value for m in g.members})
-        return out
+        return member_levels(self.groups, codes, PLAIN)
 
     # ---- signals ------------------------------------------------------------------------------------------
     def observe(self, stats: AgreedStats) -> None:
@@ -233,7 +219,13 @@ class AutoController(Controller):
     def _budget(self, errors: list[list[float]], times: list[list[float]], tight: bool,
                 signals: GroupErrors | GroupLevelErrors) -> Budget:
         signal = signals.signal() if isinstance(signals, GroupLevelErrors) else None
-        return error_budget(self.config.auto, self.family, times, errors, self.reference, tight, signal)
+        return error_budget(self.config.auto, self.family, times, errors, self.reference, tight, signal, self.groups)
+
+    def _reference_now(self, signals: GroupErrors | GroupLevelErrors) -> list[int]:
+        """The reference in force (``budget.exact_reference``: a group a rank sends exactly is referenced there)."""
+        if self.family != LOWRANK or not signals.ready:
+            return list(self.reference)
+        return exact_reference(self.groups, signals.errors(self.groups), self.reference)
 
     # ---- the rank-0 decision and its application -------------------------------------------------------
     def broadcast_point(self, step: int) -> bool:
@@ -288,13 +280,14 @@ class AutoController(Controller):
         if signals.ready:
             times, errors = self._tables(signals)
             budget = self._budget(errors, times, tight, signals)
+            reference = list(budget.reference)
             codes = list(copy.deepcopy(self.hyst).step(self.decisions, self.codes, times, errors, budget.total,
-                                                       compute_s=self.last["compute"], reference=self.reference,
+                                                       compute_s=self.last["compute"], reference=reference,
                                                        caps=budget.caps)[0])
             trial = copy.deepcopy(self.trial)
-            trial.judge(self.codes, self.reference, not self.tight, self._measured_step())
+            trial.judge(self.codes, reference, not self.tight, self._measured_step())
             if trial.holding and not tight and budget.ref_error <= budget.total:
-                codes = list(self.reference)       # a mixed plan failed its measured trial: hold the reference
+                codes = reference                  # a mixed plan failed its measured trial: hold the reference
         return torch.tensor(codes + [int(tight)], dtype=torch.int64)
 
     def accept(self, step: int, proposal: torch.Tensor) -> set[str]:
@@ -309,7 +302,7 @@ class AutoController(Controller):
             self.tight_until = max(self.tight_until, step + self.tight_steps)
             self.log_event(step, "auto_norm_change", groups=fired, tight_until=self.tight_until)
         measured = self._measured_step()
-        failed = self.trial.judge(self.codes, self.reference, not self.tight, measured)
+        failed = self.trial.judge(self.codes, self._reference_now(self.signals), not self.tight, measured)
         if failed:
             self.log_event(step, "auto_trial_failed", measured_step=measured, reference_step=self.trial.ref_step,
                            hold=self.trial.hold)
@@ -337,7 +330,7 @@ class AutoController(Controller):
             ref_t, ref_e, budget = b.ref_time, b.ref_error, b.total
             t, e = self._exchange(times, codes), totals(times, errors, codes)[1]
             self.log_event(step, "auto_plan", error=[row[c] for row, c in zip(errors, codes)], budget=budget,
-                           reference_error=[row[c] for row, c in zip(errors, self.reference)], caps=b.caps,
+                           reference_error=[row[c] for row, c in zip(errors, b.reference)], caps=b.caps,
                            energy=list(self.signals.energy))
             compute = self.last["compute"] if measured is None else max(0.0, measured - self._exchange(times, ran))
             known = measured is not None or self.last["step"] > 0.0

@@ -184,6 +184,20 @@ def uniform_codes(groups: Sequence[Group], level: Level) -> list[int]:
     return codes
 
 
+def member_levels(groups: Sequence[Group], codes: Sequence[int], plain: float) -> dict[str, float]:
+    """Every member tensor's compressor level under ``codes``: a rank, QSGD's b bits as CF 32/b, Top-k's CF, or
+    ``plain`` (a level no tensor can pay for: sent dense) for the dense rung."""
+    out = {}
+    for g, c in zip(groups, codes):
+        level = g.ladder[c]
+        if level.family == DENSE:
+            value = plain
+        else:
+            value = 32.0 / level.value if level.family == QSGD else level.value
+        out.update({m: float(value) for m in g.members})
+    return out
+
+
 def family_view(groups: Sequence[Group], families: Sequence[str]) -> list[list[int]]:
     """Per group, the ladder indices of dense and of ``families``: the solver budgets one kind of error at a
     time (variance for QSGD, unsent energy for the error-feedback families), so it sees one view per kind."""
@@ -193,4 +207,4 @@ def family_view(groups: Sequence[Group], families: Sequence[str]) -> list[list[i
 
 __all__ = ["DENSE", "LOWRANK", "QSGD", "SPARSE", "FAMILIES", "RANKS", "QSGD_BITS", "SPARSE_CFS", "REFERENCE",
            "MIN_NUMEL", "Level", "DENSE_LEVEL", "Group", "pays_lowrank", "pays_sparse", "ladder_for",
-           "classifier_name", "build_groups", "uniform_codes", "family_view"]
+           "classifier_name", "build_groups", "uniform_codes", "member_levels", "family_view"]

@@ -23,6 +23,10 @@ from typing import Any, Mapping, Optional, Sequence
 from .error_model import residual_in_flight
 from .ladder import LOWRANK, QSGD, Group
 
+# A rank leaving at most this fraction of a group's energy unsent sends it exactly (float rounding aside): a fully
+# connected layer fed one row per sample has a gradient of rank ≤ the global batch, which a ladder rank can hold.
+EXACT_FRACTION = 1e-4
+
 
 class GroupErrors:
     """Per group: the interval's sums, and the kept energy and unsent fractions per measured rank."""
@@ -85,8 +89,9 @@ class GroupErrors:
         return out
 
     def errors(self, groups: Sequence[Group]) -> list[list[float]]:
-        """The residual in flight of every rung of every ladder (``error_model.residual_in_flight``): 0 for dense,
-        ``E·u/(1 − u)`` for rank r, with ``u`` its unsent fraction and ``E`` the group's energy."""
+        """The residual in flight of every rung of every ladder (``error_model.residual_in_flight``): 0 for dense
+        and for a rank measured exact (``u ≤ EXACT_FRACTION``), ``E·u/(1 − u)`` for rank r otherwise, with ``u``
+        its unsent fraction and ``E`` the group's energy."""
         pos = {r: j for j, r in enumerate(self.ranks)}
         out = []
         for g, group in enumerate(groups):
@@ -96,7 +101,9 @@ class GroupErrors:
                     row.append(0.0)
                     continue
                 f = self.frac[g][pos[int(level.value)]]
-                row.append(residual_in_flight((1.0 if f < 0 else f) * self.energy[g], self.energy[g]))
+                exact = 0.0 <= f <= EXACT_FRACTION
+                row.append(0.0 if exact else residual_in_flight((1.0 if f < 0 else f) * self.energy[g],
+                                                                self.energy[g]))
             out.append(row)
         return out
 
@@ -208,4 +215,4 @@ class GroupLevelErrors:
         self.sum_error = [[float(v) for v in r] for r in state["sum_error"]]
 
 
-__all__ = ["GroupErrors", "GroupLevelErrors"]
+__all__ = ["EXACT_FRACTION", "GroupErrors", "GroupLevelErrors"]
