@@ -331,7 +331,9 @@ class AutoController(Controller):
             t, e = self._exchange(times, codes), totals(times, errors, codes)[1]
             self.log_event(step, "auto_plan", error=[row[c] for row, c in zip(errors, codes)], budget=budget,
                            reference_error=[row[c] for row, c in zip(errors, b.reference)], caps=b.caps,
-                           energy=list(self.signals.energy))
+                           energy=list(self.signals.energy),
+                           **({"unsent": self.signals.fractions(self.groups)}
+                              if isinstance(self.signals, GroupErrors) else {}))
             compute = self.last["compute"] if measured is None else max(0.0, measured - self._exchange(times, ran))
             known = measured is not None or self.last["step"] > 0.0
             self.last = {"time": t, "ref_time": ref_t, "error": e, "ref_error": ref_e, "budget": budget,
