@@ -113,6 +113,7 @@ class AutoConfig(StrictModel):
     budget_quiet: float = Field(1.0, gt=0.0, le=4.0)            # β: error budget in units of the reference's error
     budget_tight: float = Field(0.25, ge=0.0, le=4.0)
     group_cap: Optional[float] = Field(2.0, ge=1.0, le=100.0)    # no group above cap·β·its reference error (null: off)
+    exact_fraction: float = Field(0.01, ge=0.0, le=0.1)    # low rank: unsent on the dense start that counts as exact
     pin_below_numel: int = Field(16384, ge=0)                   # groups smaller than this keep >= the reference
     efficiency_floor: float = Field(0.99, gt=0.0, le=1.0)       # quantizers: quiet budget S·(1/E − 1) of variance
     dense_dtype: Literal["bf16", "fp16", "engine"] = "bf16"     # the dense rung's all-reduce (engine: its dtype)

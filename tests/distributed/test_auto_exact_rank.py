@@ -5,7 +5,7 @@ averaged gradient of each has rank ≤ 24 and a flat spectrum, so rank 32 sends 
 leaves a quarter unsent. (At a rank equal to the bound — 16 samples a rank — the projection is ill-conditioned, and
 under error feedback the unsent fraction grew from 10⁻⁸ to 6% in 8 steps.) On a nominal 10 Mbit/s link the rank-16 reference would let the hidden class go to rank 16 or lower;
 measured exact, it is referenced at rank 32 (zero error, zero cap) and goes to rank 32 or dense. The dense steps
-all-reduce in bf16 (the default ``dense_dtype``), whose rounding stays far below ``EXACT_FRACTION``.
+all-reduce in bf16 (the default ``dense_dtype``), whose rounding stays far below ``auto.exact_fraction``.
 """
 from __future__ import annotations
 
@@ -64,10 +64,10 @@ def results() -> list[dict]:
 
 
 def test_rank_32_is_measured_exact_and_rank_16_is_not(results: list[dict]) -> None:
-    from ds_gravac.adapt.auto.signals import EXACT_FRACTION
+    from ds_gravac.config import AutoConfig
     frac = results[0]["frac"]
     assert results[0]["ladder"] == [0.0, 32.0, 16.0, 8.0, 4.0, 2.0]        # rank 64 does not pay on 256 × 256
-    assert 0.0 <= frac[32] <= EXACT_FRACTION / 100    # bf16's rounding of the dense steps' mean
+    assert 0.0 <= frac[32] <= AutoConfig().exact_fraction / 100    # bf16's rounding of the dense steps' mean
     assert frac[16] > 0.2                             # a flat spectrum: rank 16 leaves much of it
     assert frac[64] == -1.0                           # never measured: not on the ladder
     assert results[1]["frac"] == frac                 # agreed

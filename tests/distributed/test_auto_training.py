@@ -20,11 +20,13 @@ from harness import run_ranks
 # depend on this machine's timing: the resumed run must repeat the uninterrupted one); the norm-change phase off,
 # so the tight decisions are the start's and the lr drop's (this tiny model's norms move by > 50% in 4 steps);
 # dense steps in fp32 ("engine"), so that their signals equal a float64 reference of the gradients (the bf16
-# default is tested in test_auto_dense_dtype.py)
+# default is tested in test_auto_dense_dtype.py); exact ranks off: 16 samples a step leave the 128 × 128 layers'
+# gradients at rank ≤ 16 with a steep spectrum, under 1% unsent from rank 8 up, so the tight start would send them
+# there instead of dense (exact ranks: test_auto_exact_rank.py)
 AUTO = {"mode": "auto", "compressor": "powersgd", "bucket_cap_mb": 0.05, "min_compress_numel": 0,
         "agreement_check_interval": 1,
         "auto": {"interval_steps": 4, "dwell": 1, "pin_below_numel": 0, "link": "nominal", "link_gbit_s": 0.01,
-                 "detector_eta": None, "dense_dtype": "engine"}}
+                 "detector_eta": None, "dense_dtype": "engine", "exact_fraction": 0.0}}
 # the link timed at attach, and again at the second decision (step 4); probes up to 16 MB, so that the per-byte
 # slope stands above the latency noise of a loaded 2-core machine (CI measured a 5 ms median at every size up to
 # the default 2 MB, a flat fit with no slope, while the other pytest worker ran)

@@ -13,7 +13,6 @@ import pytest
 from ds_gravac.adapt.auto.controller import PLAIN, AutoController
 from ds_gravac.adapt.auto.budget import exact_reference
 from ds_gravac.adapt.auto.ladder import LOWRANK, RANKS, Level, uniform_codes
-from ds_gravac.adapt.auto.signals import EXACT_FRACTION
 from ds_gravac.adapt.auto.timing import Pricer, link_fits
 from ds_gravac.adapt.base import ControllerContext
 from ds_gravac.config import AutoConfig, parse_config
@@ -473,15 +472,22 @@ def test_a_group_a_rank_sends_exactly_is_referenced_and_capped_there(rate_bit_s:
 
 
 def test_exactness_is_a_measured_fraction_at_most_exact_fraction() -> None:
-    """``u ≤ EXACT_FRACTION`` counts as exact (error 0), twice that does not; an exact rung replaces a reference
-    rung with error, the smallest exact rank wins, and a reference rung already exact is kept."""
+    """``u ≤ auto.exact_fraction`` counts as exact, twice that does not (nor anything at 0: off), and the smallest exact rank wins; the rungs at
+    and above it count no error; an exact rung replaces a reference rung with error, and a reference rung already
+    exact is kept."""
     ctl = _controller(1e8)
     ctl.signals.close_interval()
     g = next(g for g in ctl.groups if g.name == "512x4608")
     r64, r32, r16 = (g.code(Level(LOWRANK, r)) for r in (64.0, 32.0, 16.0))
-    for frac, exact in ((EXACT_FRACTION, True), (2 * EXACT_FRACTION, False)):
+    ctl.signals.frac[g.index][RANKS.index(64)] = 0.0
+    line = AutoConfig().exact_fraction
+    assert ctl.signals.exact_ranks(ctl.groups, 0.0) == [0] * len(ctl.groups)
+    for frac, exact in ((line, 32), (2 * line, 64)):
         ctl.signals.frac[g.index][RANKS.index(32)] = frac
-        assert (ctl.signals.errors(ctl.groups)[g.index][r32] == 0.0) is exact
+        ranks = ctl.signals.exact_ranks(ctl.groups, line)
+        assert ranks[g.index] == exact and all(r == 0 for i, r in enumerate(ranks) if i != g.index)
+        row = ctl.signals.errors(ctl.groups, ranks)[g.index]
+        assert (row[r64], row[r32] == 0.0, row[r16] > 0.0) == (0.0, exact == 32, True)
     errors = [[0.0 if lv.family == "dense" else 1.0 for lv in grp.ladder] for grp in ctl.groups]
     errors[g.index][r64] = errors[g.index][r32] = 0.0
     assert exact_reference(ctl.groups, errors, ctl.reference)[g.index] == r32
@@ -492,3 +498,24 @@ def test_exactness_is_a_measured_fraction_at_most_exact_fraction() -> None:
     assert [new[i] for i in others] == [ctl.reference[i] for i in others]     # the other groups keep rank 16
     errors[g.index][r16] = 0.0
     assert exact_reference(ctl.groups, errors, ctl.reference) == ctl.reference
+
+
+def test_exactness_is_read_from_the_dense_start_and_kept() -> None:
+    """The first decision reads the exact ranks from the dense start; later intervals whose fraction at that rank
+    grew (error feedback's residual, which a rank equal to the bound does not send) keep it, and so does a resume."""
+    ctl = _controller(1e8, exact="512x4608")
+    g = next(g for g in ctl.groups if g.name == "512x4608")
+    step = ctl.tight_until
+    ctl.accept(step, ctl.propose(step, 0.1))
+    assert ctl.exact[g.index] == 64 and sum(ctl.exact) == 64
+    for s in range(step, step + 3):
+        _observe(ctl, s, _signals(ctl))                 # rank 64 now leaves a fraction unsent
+    step += ctl.interval
+    ctl.accept(step, ctl.propose(step, 0.1))
+    assert ctl.exact[g.index] == 64
+    plan = [e for e in ctl.pop_events() if e["event"] == "auto_plan"][-1]
+    assert plan["unsent"][g.index][0] > AutoConfig().exact_fraction and plan["reference_error"][g.index] == 0.0
+    assert ctl.groups[g.index].ladder[ctl.codes[g.index]] == Level(LOWRANK, 64.0)
+    other = _controller(1e8)
+    other.load_state_dict(ctl.state_dict())
+    assert other.exact == ctl.exact

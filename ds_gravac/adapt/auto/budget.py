@@ -30,7 +30,7 @@ class Budget:
 def exact_reference(groups: Sequence[Group], errors: Sequence[Sequence[float]], reference: Sequence[int]
                     ) -> list[int]:
     """The reference codes, except that a group whose reference rung leaves error while a low-rank rung of its
-    ladder was measured exact (error 0: ``signals.EXACT_FRACTION``) takes the smallest exact rank.
+    ladder was measured exact (error 0: ``auto.exact_fraction``) takes the smallest exact rank.
 
     Why: the unsent energy undercounts what a fully connected layer loses. VGG16-bn's 4096 × 25088 and
     4096 × 4096 matrices (batch 64: their gradients have rank ≤ 64) leave only 15–25% unsent at rank 16, yet rank

@@ -94,6 +94,7 @@ class AutoController(Controller):
         self.groups: list[Group] = []
         self.codes: list[int] = []
         self.reference: list[int] = []
+        self.exact: Optional[list[int]] = None      # per group, the rank the dense start measured exact (0: none)
         self.signals: GroupErrors | GroupLevelErrors = GroupErrors([], RANKS)
         self.hyst = Hysteresis(0, float(a.min_gain), int(a.dwell))
         self.trial = TrialCheck(float(a.min_gain), int(a.trial_hold_max) if a.link == "measure" else 0)
@@ -125,7 +126,7 @@ class AutoController(Controller):
         self.codes = [0] * len(self.groups)
         self.prev_codes = list(self.codes)
         self.hyst = Hysteresis(len(self.groups), self.hyst.min_gain, self.hyst.dwell)
-        self._levels = self._member_levels(self.codes)
+        self._levels = member_levels(self.groups, self.codes, PLAIN)
         members = {m: g.index for g in self.groups for m in g.members}
         if self.family == SPARSE:
             self.signals = GroupLevelErrors(self.groups, SPARSE, SPARSE_CFS)
@@ -143,7 +144,7 @@ class AutoController(Controller):
 
     def hold_reference(self) -> None:
         """Hold the reference codes: the plan tool's offline picture (no plan is predicted slower or noisier)."""
-        self.codes, self._levels = list(self.reference), self._member_levels(self.reference)
+        self.codes, self._levels = list(self.reference), member_levels(self.groups, self.reference, PLAIN)
 
     @property
     def codec_levels(self) -> tuple[float, ...]:
@@ -156,8 +157,8 @@ class AutoController(Controller):
         """The collectives the levels use, which ``auto.link: "measure"`` times: the all-reduce (dense, low rank),
         the all-gather of a quantizer's partitions (and the all-to-all of CaSync-PS above two ranks) or of
         Top-k's index-value pairs."""
-        return {QSGD: (ALL_REDUCE, ALL_GATHER, ALL_TO_ALL), SPARSE: (ALL_REDUCE, ALL_GATHER)}.get(self.family,
-                                                                                              (ALL_REDUCE,))
+        ops = {QSGD: (ALL_REDUCE, ALL_GATHER, ALL_TO_ALL), SPARSE: (ALL_REDUCE, ALL_GATHER)}
+        return ops.get(self.family, (ALL_REDUCE,))
 
     def bind(self, ctx: ControllerContext) -> None:
         super().bind(ctx)
@@ -165,9 +166,6 @@ class AutoController(Controller):
         if grouped != set(ctx.compressible):
             raise GravacConfigError("ds_gravac: mode 'auto' found no groups for the compressed tensors (the "
                                     "synchronizer did not ask for them)")
-
-    def _member_levels(self, codes: Sequence[int]) -> dict[str, float]:
-        return member_levels(self.groups, codes, PLAIN)
 
     # ---- signals ------------------------------------------------------------------------------------------
     def observe(self, stats: AgreedStats) -> None:
@@ -208,7 +206,13 @@ class AutoController(Controller):
         key = pricer.key
         if self._priced is None or self._priced[0] != key:
             self._priced = (key, pricer.times(self.groups), pricer)
-        return [list(row) for row in self._priced[1]], signals.errors(self.groups)
+        exact = (self._exact(signals),) if isinstance(signals, GroupErrors) else ()
+        return [list(row) for row in self._priced[1]], signals.errors(self.groups, *exact)
+
+    def _exact(self, signals: GroupErrors) -> list[int]:
+        """Each group's exact rank (``GroupErrors.exact_ranks``): read from the dense start, then kept."""
+        fraction = float(self.config.auto.exact_fraction)
+        return list(self.exact) if self.exact is not None else signals.exact_ranks(self.groups, fraction)
 
     def _exchange(self, times: Sequence[Sequence[float]], codes: Sequence[int]) -> float:
         """Predicted exchange seconds of a plan, by the pricer ``_tables`` priced ``times`` with."""
@@ -225,7 +229,7 @@ class AutoController(Controller):
         """The reference in force (``budget.exact_reference``: a group a rank sends exactly is referenced there)."""
         if self.family != LOWRANK or not signals.ready:
             return list(self.reference)
-        return exact_reference(self.groups, signals.errors(self.groups), self.reference)
+        return exact_reference(self.groups, self._tables(signals)[1], self.reference)
 
     # ---- the rank-0 decision and its application -------------------------------------------------------
     def broadcast_point(self, step: int) -> bool:
@@ -297,6 +301,8 @@ class AutoController(Controller):
         if len(codes) != len(self.groups) or any(not 0 <= c < len(g.ladder) for c, g in zip(codes, self.groups)):
             raise GravacConfigError(f"ds_gravac: auto proposal {values} does not fit the {len(self.groups)} groups")
         self.signals.close_interval()
+        if self.exact is None and self.signals.ready and isinstance(self.signals, GroupErrors):
+            self.exact = self._exact(self.signals)                 # every step so far was dense
         fired = self._fired(self.signals)
         if fired:
             self.tight_until = max(self.tight_until, step + self.tight_steps)
@@ -323,7 +329,7 @@ class AutoController(Controller):
         self.reproject_step = step
         ran = self.codes
         self.prev_codes, self.codes, self.tight = ran, codes, tight
-        self._levels = self._member_levels(codes)
+        self._levels = member_levels(self.groups, codes, PLAIN)
         if self.signals.ready:
             times, errors = self._tables(self.signals)
             b = self._budget(errors, times, tight, self.signals)
@@ -385,7 +391,7 @@ class AutoController(Controller):
 
     def levels_changed(self) -> None:
         """Re-derive the per-tensor levels from the codes (after a restore)."""
-        self._levels = self._member_levels(self.codes)
+        self._levels = member_levels(self.groups, self.codes, PLAIN)
 
     def state_dict(self) -> dict[str, Any]:
         return auto_state_dict(self)

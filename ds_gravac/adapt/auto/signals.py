@@ -23,12 +23,6 @@ from typing import Any, Mapping, Optional, Sequence
 from .error_model import residual_in_flight
 from .ladder import LOWRANK, QSGD, Group
 
-# A rank leaving at most this fraction of a group's energy unsent sends it exactly, to the measurement's precision:
-# a fully connected layer fed one row per sample has a gradient of rank ≤ the global batch, which a ladder rank can
-# hold. Measured on VGG16-bn's 4096 × 25088 and 4096 × 4096 classes (batch 64) at rank 64: 2·10⁻⁴ to 4.5·10⁻³ (the
-# fp32 projection onto a warm start that trails the batch, and error feedback's residual), where rank 32 leaves
-# 7–43%.
-EXACT_FRACTION = 1e-2
 
 
 class GroupErrors:
@@ -91,23 +85,37 @@ class GroupErrors:
             out.append(abs(math.sqrt(now) - math.sqrt(before)) / math.sqrt(before) if ok else -1.0)
         return out
 
-    def errors(self, groups: Sequence[Group]) -> list[list[float]]:
+    def errors(self, groups: Sequence[Group], exact: Optional[Sequence[int]] = None) -> list[list[float]]:
         """The residual in flight of every rung of every ladder (``error_model.residual_in_flight``): 0 for dense
-        and for a rank measured exact (``u ≤ EXACT_FRACTION``), ``E·u/(1 − u)`` for rank r otherwise, with ``u``
-        its unsent fraction and ``E`` the group's energy."""
+        and for a rank at or above the group's ``exact`` rank (> 0), ``E·u/(1 − u)`` for rank r otherwise, with
+        ``u`` its unsent fraction and ``E`` the group's energy."""
         pos = {r: j for j, r in enumerate(self.ranks)}
         out = []
         for g, group in enumerate(groups):
             row = []
             for level in group.ladder:
-                if level.family != LOWRANK:
+                if level.family != LOWRANK or (exact and 0 < exact[g] <= level.value):
                     row.append(0.0)
                     continue
                 f = self.frac[g][pos[int(level.value)]]
-                exact = 0.0 <= f <= EXACT_FRACTION
-                row.append(0.0 if exact else residual_in_flight((1.0 if f < 0 else f) * self.energy[g],
-                                                                self.energy[g]))
+                row.append(residual_in_flight((1.0 if f < 0 else f) * self.energy[g], self.energy[g]))
             out.append(row)
+        return out
+
+    def exact_ranks(self, groups: Sequence[Group], fraction: float) -> list[int]:
+        """Per group, the smallest rank of its ladder whose kept fraction is at most ``fraction`` (0: none; a
+        ``fraction`` of 0 finds none). VGG16-bn's 4096 × 25088 and 4096 × 4096 classes (batch 64) measured 2·10⁻⁴
+        to 1.8·10⁻³ at rank 64 on dense steps (the fp32 projection onto a warm start that trails the batch), rank 32
+        7–43%.
+        Read once, from the dense start: under error feedback the fraction also holds the residual of earlier
+        steps, which a rank equal to the gradient's rank bound does not send (VGG16-bn's classes at rank 64 reached
+        8–33% in 50 steps)."""
+        pos = {r: j for j, r in enumerate(self.ranks)}
+        out = []
+        for g, group in enumerate(groups):
+            ranks = [int(lv.value) for lv in group.ladder if lv.family == LOWRANK and fraction > 0.0
+                     and 0.0 <= self.frac[g][pos[int(lv.value)]] <= fraction]
+            out.append(min(ranks) if ranks else 0)
         return out
 
     def fractions(self, groups: Sequence[Group]) -> list[list[float]]:
@@ -224,4 +232,4 @@ class GroupLevelErrors:
         self.sum_error = [[float(v) for v in r] for r in state["sum_error"]]
 
 
-__all__ = ["EXACT_FRACTION", "GroupErrors", "GroupLevelErrors"]
+__all__ = ["GroupErrors", "GroupLevelErrors"]

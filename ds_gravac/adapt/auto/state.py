@@ -39,6 +39,7 @@ class AutoStateHolder(Protocol):
     reproject_step: int
     trial: TrialCheck
     off: StepOffRule
+    exact: Optional[list[int]]
 
     def log_event(self, step: int, kind: str, **fields: Any) -> None: ...
 
@@ -53,7 +54,8 @@ def auto_state_dict(ctl: AutoStateHolder) -> dict[str, Any]:
             "tight_until": ctl.tight_until, "prev_lr": ctl.prev_lr, "tight": ctl.tight,
             "last": dict(ctl.last), "signals": ctl.signals.state_dict(),
             "reproject": list(ctl.reproject), "reproject_step": ctl.reproject_step,
-            "trial": ctl.trial.state_dict(), "off_sign": ctl.off.sign}
+            "trial": ctl.trial.state_dict(), "off_sign": ctl.off.sign,
+            "exact": None if ctl.exact is None else list(ctl.exact)}
 
 
 def load_auto_state(ctl: AutoStateHolder, state: Mapping[str, Any]) -> None:
@@ -81,6 +83,8 @@ def load_auto_state(ctl: AutoStateHolder, state: Mapping[str, Any]) -> None:
     ctl.reproject_step = int(state.get("reproject_step", -1))
     ctl.trial.load_state_dict(state.get("trial", {}))
     ctl.off.sign = int(state.get("off_sign", 0))
+    exact = state.get("exact")
+    ctl.exact = None if exact is None else [int(r) for r in exact]
     ctl.levels_changed()
 
 
