@@ -472,7 +472,8 @@ def test_a_group_a_rank_sends_exactly_is_referenced_and_capped_there(rate_bit_s:
 
 
 def test_exactness_is_a_measured_fraction_at_most_exact_fraction() -> None:
-    """``u ≤ auto.exact_fraction`` counts as exact, twice that does not (nor anything at 0: off), and the smallest exact rank wins; the rungs at
+    """``u ≤ auto.exact_fraction`` counts as exact for a class of 2-D weights, twice that does not (nor anything
+    at 0: off, nor a convolution), and the smallest exact rank wins; the rungs at
     and above it count no error; an exact rung replaces a reference rung with error, and a reference rung already
     exact is kept."""
     ctl = _controller(1e8)
@@ -482,6 +483,9 @@ def test_exactness_is_a_measured_fraction_at_most_exact_fraction() -> None:
     ctl.signals.frac[g.index][RANKS.index(64)] = 0.0
     line = AutoConfig().exact_fraction
     assert ctl.signals.exact_ranks(ctl.groups, 0.0) == [0] * len(ctl.groups)
+    stem = next(g for g in ctl.groups if g.name == "64x147")        # a convolution: never exact (2-D weights only)
+    ctl.signals.frac[stem.index][RANKS.index(16)] = 0.0
+    assert not stem.linear and g.linear and ctl.signals.exact_ranks(ctl.groups, line)[stem.index] == 0
     for frac, exact in ((line, 32), (2 * line, 64)):
         ctl.signals.frac[g.index][RANKS.index(32)] = frac
         ranks = ctl.signals.exact_ranks(ctl.groups, line)

@@ -86,6 +86,7 @@ class Group:
     matrix: bool
     pinned: bool
     ladder: tuple[Level, ...] = field(default=())
+    linear: bool = False          # every member is a 2-D weight (a fully connected layer's, an embedding's)
 
     @property
     def numel(self) -> int:
@@ -150,6 +151,7 @@ def build_groups(named_shapes: Sequence[tuple[str, Sequence[int]]], families: Se
         raise ValueError(f"ds_gravac: classifier {head!r} is not one of the model's tensors")
     keys: dict[tuple, list[tuple[str, int]]] = {}
     shapes: dict[tuple, tuple[int, int]] = {}
+    flat = {name for name, shape in named if len(shape) == 2}
     for name, shape in named:
         numel = math.prod(shape) if shape else 1
         if name == head:
@@ -169,7 +171,8 @@ def build_groups(named_shapes: Sequence[tuple[str, Sequence[int]]], families: Se
         groups.append(Group(index=i, name=name, shape=shapes[key], members=tuple(n for n, _ in members),
                             sizes=sizes, matrix=matrix, pinned=pinned,
                             ladder=ladder_for(shapes[key], sizes, matrix, pinned, families, min_compression_rate,
-                                              reference)))
+                                              reference),
+                            linear=all(n in flat for n, _ in members)))
     return groups
 
 
