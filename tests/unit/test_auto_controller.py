@@ -13,6 +13,7 @@ import pytest
 from ds_gravac.adapt.auto.controller import PLAIN, AutoController
 from ds_gravac.adapt.auto.budget import exact_reference
 from ds_gravac.adapt.auto.ladder import LOWRANK, RANKS, Level, uniform_codes
+from ds_gravac.adapt.auto.signals import GroupErrors
 from ds_gravac.adapt.auto.timing import Pricer, link_fits
 from ds_gravac.adapt.base import ControllerContext
 from ds_gravac.config import AutoConfig, parse_config
@@ -257,7 +258,6 @@ def test_group_errors_average_the_interval_and_keep_unmeasured_ranks() -> None:
     """Worked by hand: fractions are Σ unsent / Σ energy over the steps that measured the rank; a rank not measured
     in an interval keeps its fraction, applied to the new energy; a rank never measured counts as all unsent."""
     from ds_gravac.adapt.auto.ladder import build_groups
-    from ds_gravac.adapt.auto.signals import GroupErrors
 
     groups = build_groups([("w", (256, 128))], families=(LOWRANK,), classifier=None, min_numel=0)
     assert [int(lv.value) for lv in groups[0].ladder[1:]] == [32, 16, 8, 4, 2]
@@ -480,14 +480,14 @@ def test_exactness_is_a_measured_fraction_at_most_exact_fraction() -> None:
     ctl.signals.close_interval()
     g = next(g for g in ctl.groups if g.name == "512x4608")
     r64, r32, r16 = (g.code(Level(LOWRANK, r)) for r in (64.0, 32.0, 16.0))
-    ctl.signals.frac[g.index][RANKS.index(64)] = 0.0
+    ctl.signals.worst[g.index][RANKS.index(64)] = 0.0
     line = AutoConfig().exact_fraction
     assert ctl.signals.exact_ranks(ctl.groups, 0.0) == [0] * len(ctl.groups)
     stem = next(g for g in ctl.groups if g.name == "64x147")        # a convolution: never exact (2-D weights only)
-    ctl.signals.frac[stem.index][RANKS.index(16)] = 0.0
+    ctl.signals.worst[stem.index][RANKS.index(16)] = 0.0
     assert not stem.linear and g.linear and ctl.signals.exact_ranks(ctl.groups, line)[stem.index] == 0
     for frac, exact in ((line, 32), (2 * line, 64)):
-        ctl.signals.frac[g.index][RANKS.index(32)] = frac
+        ctl.signals.worst[g.index][RANKS.index(32)] = frac
         ranks = ctl.signals.exact_ranks(ctl.groups, line)
         assert ranks[g.index] == exact and all(r == 0 for i, r in enumerate(ranks) if i != g.index)
         row = ctl.signals.errors(ctl.groups, ranks)[g.index]
@@ -502,6 +502,34 @@ def test_exactness_is_a_measured_fraction_at_most_exact_fraction() -> None:
     assert [new[i] for i in others] == [ctl.reference[i] for i in others]     # the other groups keep rank 16
     errors[g.index][r16] = 0.0
     assert exact_reference(ctl.groups, errors, ctl.reference) == ctl.reference
+
+
+def test_exactness_holds_on_every_step_not_on_the_sums() -> None:
+    """One dense-start step of a huge gradient that rank 2 sends to 10⁻⁴ dominates the interval's sums (10⁻⁴
+    unsent there) while rank 2 leaves a quarter of every other step unsent: no rank of that class is exact (the
+    LSTM's 2600 × 650 class after 50 dense steps). When every step is within the line, the smallest rank is."""
+    groups = _controller(1e8).groups
+    g = next(g for g in groups if g.name == "512x4608")
+
+    def observe(errs: GroupErrors, energy: float, unsent: float) -> None:
+        out = [GroupSignal(den=1.0, applied=1.0, prefix=(None,) * len(RANKS)) for _ in groups]
+        out[g.index] = GroupSignal(den=energy, applied=energy, prefix=(energy * (1.0 - unsent),) * len(RANKS))
+        errs.add(out)
+
+    line = AutoConfig().exact_fraction
+    spiky, bounded = GroupErrors(groups, RANKS), GroupErrors(groups, RANKS)
+    observe(spiky, 1e6, 1e-4)
+    for _ in range(5):
+        observe(spiky, 1.0, 0.25)
+        observe(bounded, 1.0, line / 2)
+    for errs in (spiky, bounded):
+        errs.close_interval()
+    assert spiky.frac[g.index][RANKS.index(2)] < line          # the sums alone would call rank 2 exact
+    assert spiky.exact_ranks(groups, line)[g.index] == 0
+    assert bounded.exact_ranks(groups, line)[g.index] == 2
+    restored = GroupErrors(groups, RANKS)
+    restored.load_state_dict(spiky.state_dict())
+    assert restored.exact_ranks(groups, line)[g.index] == 0 and restored.worst == spiky.worst
 
 
 def test_exactness_is_read_from_the_dense_start_and_kept() -> None:
