@@ -18,6 +18,8 @@ from .config_aliases import migrate, renamed_location
 from .errors import GravacConfigError
 
 
+AUTO_COMPRESSOR = "powersgd"     # mode "auto"'s compressor and smallest compressed tensor when the config sets none
+AUTO_MIN_COMPRESS_NUMEL = 16384
 SPARSIFIER_CF = 100.0     # static mode's CF without a "cf" key, for compressors without a grid of their own
 
 
@@ -105,7 +107,7 @@ class AutoConfig(StrictModel):
 
     interval_steps: int = Field(50, ge=1, le=100000)            # I: a decision every I steps
     sample_steps: int = Field(4, ge=1, le=100000)               # K: low rank measures K steps before a decision
-    warmup_steps: int = Field(0, ge=0, le=10**7)                # dense steps before the first decision
+    warmup_steps: int = Field(50, ge=0, le=10**7)               # dense steps before the first decision
     tight_steps: Optional[int] = Field(None, ge=0, le=10**7)    # tight budget after the start and an lr drop (None: I)
     lr_drop: float = Field(0.2, gt=0.0, le=1.0)                 # a step-to-step lr decrease by this fraction is a drop
     dwell: int = Field(2, ge=0, le=1000)                        # decisions a group keeps a new level
@@ -185,7 +187,7 @@ class GravacConfig(StrictModel):
     # 150 steps (+5.9%, where dense with its gradients perturbed by 1e-6 ends +5.0%: the benchmark's resolution
     # there); faster per-model settings are ds_configs/<model>_recommended.json; GraVAC stays one key away
     # ("mode": "gravac")
-    mode: Literal["gravac", "static", "accordion", "dense", "auto"] = "static"
+    mode: Literal["gravac", "static", "accordion", "dense", "auto"] = "auto"
     compressor: CompressorSpec = Field(default_factory=CompressorSpec)
     # static mode's level; null: the compressor's own (a quantizer's grid default, e.g. QSGD 8-bit = CF 4; 100
     # for a sparsifier: SPARSIFIER_CF)
@@ -219,6 +221,22 @@ class GravacConfig(StrictModel):
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     debug: DebugConfig = Field(default_factory=DebugConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _auto_defaults(cls, data: Any) -> Any:
+        """Under ``mode: "auto"`` (the default since 0.5) an unset compressor type is :data:`AUTO_COMPRESSOR` and
+        an unset ``min_compress_numel`` :data:`AUTO_MIN_COMPRESS_NUMEL`; ``{"mode": "static"}`` keeps version
+        0.4's ``{}`` (QSGD 8-bit on every tensor)."""
+        if not isinstance(data, Mapping) or data.get("mode", "auto") != "auto":
+            return data
+        out = {"min_compress_numel": AUTO_MIN_COMPRESS_NUMEL, **data}
+        spec = out.get("compressor")
+        if spec is None:
+            out["compressor"] = {"type": AUTO_COMPRESSOR}
+        elif isinstance(spec, Mapping) and "type" not in spec:
+            out["compressor"] = {"type": AUTO_COMPRESSOR, **spec}
+        return out
 
     @field_validator("compressor", mode="before")
     @classmethod

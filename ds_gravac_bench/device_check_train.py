@@ -37,7 +37,8 @@ FAMILIES: dict[str, dict[str, dict[str, Any]]] = {
                    # auto over each family it drives: a decision every step on a slow nominal link (compressed plans;
                    # fp32 dense, against which rank 16 of these 67-wide layers pays, where bf16 dense would not)
                    **{f"auto_{c}": {"mode": "auto", "compressor": c,
-                                    "auto": {"interval_steps": 1, "link": "nominal", "link_gbit_s": 0.001,
+                                    "auto": {"interval_steps": 1, "warmup_steps": 0, "link": "nominal",
+                                             "link_gbit_s": 0.001,
                                              "pin_below_numel": 0, "detector_eta": None, "budget_tight": 1.0,
                                              "dense_dtype": "engine"}}
                       for c in ("powersgd", "qsgd", "topk")}},

@@ -60,7 +60,7 @@ BASELINES = ("ds_dense", "ds_dense_jitter", "ds_fp16", "ds_bf16", "ddp_dense", "
 # other takes its loss per step (a run of its own, where one exists, wins); only its cluster step is its own
 SAME_CURVE = (("ddp_dense", "ds_dense"), ("ds_bf16", "ddp_bf16"))
 # the best static per family (gv_powersgd_r4, gv_topk_100) stand until the tuning sweep picks them
-OURS_STATIC = ("gv_default", "gv_powersgd_r4", "gv_topk_100")
+OURS_STATIC = ("gv_qsgd8", "gv_powersgd_r4", "gv_topk_100")
 # GraVAC with the paper's settings (window 500, ε 0.7 and 0.9, Top-k 10…1000); Accordion; auto over PowerSGD
 PAPER_GRAVAC = ("gv_gravac@gravac.window=500", "gv_gravac@gravac.window=500@gravac.epsilon=0.9")
 CONTROLLERS = (*PAPER_GRAVAC, "gv_accordion_topk", "gv_auto")

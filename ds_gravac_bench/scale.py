@@ -27,7 +27,7 @@ from .scale_inputs import FORMAT, collect, load_input, read_probes
 from .scale_report import markdown, summary, write_csv
 from .scale_table import build
 
-SYSTEMS = ("ds_dense", "gv_default", "gv_powersgd_r16", "gv_topk_100")
+SYSTEMS = ("ds_dense", "gv_qsgd8", "gv_powersgd_r16", "gv_topk_100")
 RUN_SYSTEMS = ("compute_only_engine",) + SYSTEMS
 GRID = (2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128)
 

@@ -87,6 +87,8 @@ def system_matrix(steps: int, epsilon: float = 0.7, theta_min: float = 10.0) -> 
                    "1 + 1e-6*N(0,1): the noise floor of a per-seed loss gap", ("--grad-jitter", "1e-6")),
         SystemSpec("gv_dense", "gravac", {"mode": "dense"}, "ds_gravac dense: bucketed, overlapped"),
         SystemSpec("gv_default", "gravac", {}, "the product's defaults (\"gravac\": {}), whatever they are"),
+        SystemSpec("gv_qsgd8", "gravac", {"mode": "static", "compressor": "qsgd"},
+                   "static QSGD 8-bit on every tensor (the defaults of version 0.4)"),
         SystemSpec("ddp_dense", "ddp", None, "PyTorch DDP, 25 MB buckets"),
         *[SystemSpec(f"ddp_powersgd{tag}", "ddp_powersgd", None,
                      f"DDP + powerSGD_hook rank {rank} (bucket-serialized)", ("--powersgd-rank", str(rank)),

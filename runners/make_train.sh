@@ -3,7 +3,7 @@
 # few minutes on 2 CPU cores, then the runner prints its summary (CF timeline, bytes, eval, the loss next to the
 # dense run's when one exists, wandb run dir).
 #
-# Default: ResNet101 with ds_configs/default.json (`"gravac": {}`, ds_gravac's defaults, with ResNet101's
+# Default: ResNet101 with ds_configs/default.json (`"gravac": {}`, ds_gravac's defaults (mode auto), with ResNet101's
 # hyper-parameters) on synthetic CIFAR-10, micro batch 16 per rank instead of the config's 32 (ResNet101 fwd+bwd at
 # 16 is ~0.5 s on one core): about 3-4 minutes including start-up. With the default CONFIG and another MODEL that
 # has a ds_configs/<model>_dense.json, the defaults run with that model's hyper-parameters: its dense config with

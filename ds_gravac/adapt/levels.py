@@ -139,15 +139,17 @@ def check_auto(config: GravacConfig, name: str) -> None:
     """``mode: "auto"`` drives PowerSGD's rank, QSGD's bits or Top-k's CF per layer group: other compressors, a
     fixed level it would ignore, and QSGD with error feedback (whose error is not the variance auto budgets) are
     refused."""
+    hint = ("" if "mode" in config.model_fields_set else
+            "; \"mode\" is not set and defaults to 'auto' since 0.5: set \"mode\": \"static\" for one fixed level")
     if name not in AUTO_COMPRESSORS:
         raise GravacConfigError(f"ds_gravac: mode 'auto' drives a compressor's level per layer group and "
                                 f"supports {', '.join(AUTO_COMPRESSORS)} in this version, not {name!r} (keys "
-                                f"\"mode\": \"auto\", \"compressor\": \"{name}\")")
+                                f"\"mode\": \"auto\", \"compressor\": \"{name}\"){hint}")
     for key in ("cf", "warmup_steps"):
         if key in config.model_fields_set:
             instead = "auto.warmup_steps" if key == "warmup_steps" else "no level key: auto picks one per group"
             raise GravacConfigError(f"ds_gravac: key \"{key}\" ({getattr(config, key)!r}) is static mode's and is not "
-                                    f"read by mode 'auto' ({instead}); remove it")
+                                    f"read by mode 'auto' ({instead}); remove it{hint}")
     params = config.compressor.params
     fixed = {"powersgd": ("rank", "the ranks 64, 32, 16, 8, 4, 2"), "qsgd": ("levels", "8, 4 and 2 bits")}.get(name)
     if fixed is not None and fixed[0] in params:

@@ -16,7 +16,7 @@ from harness import run_ranks
 
 STEPS = 6
 FAST = {"mode": "auto", "compressor": "powersgd", "bucket_cap_mb": 0.05, "min_compress_numel": 0,
-        "auto": {"interval_steps": 2, "link": "nominal", "link_gbit_s": 10000.0, "link_alpha_s": 0.0,
+        "auto": {"warmup_steps": 0, "interval_steps": 2, "link": "nominal", "link_gbit_s": 10000.0, "link_alpha_s": 0.0,
                  "pin_below_numel": 0}}
 # (case, gravac's auto section override, DeepSpeed's communication_data_type for both runs, the reference's)
 CASES: tuple[tuple[str, dict, Optional[str], Optional[str]], ...] = (

@@ -20,7 +20,8 @@ from harness import run_ranks
 
 MICRO, WIDTH, STEPS = 12, 256, 11
 AUTO = {"mode": "auto", "compressor": "powersgd", "min_compress_numel": 0,
-        "auto": {"interval_steps": 4, "dwell": 0, "pin_below_numel": 0, "link": "nominal", "link_gbit_s": 0.01,
+        "auto": {"warmup_steps": 0, "interval_steps": 4,
+                 "dwell": 0, "pin_below_numel": 0, "link": "nominal", "link_gbit_s": 0.01,
                  "detector_eta": None}}
 GROUP = f"{WIDTH}x{WIDTH}"
 

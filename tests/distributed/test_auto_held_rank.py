@@ -29,7 +29,8 @@ from harness import run_ranks
 
 WIDTH, STEPS, HELD, MICRO = 512, 16, (16,), 64
 AUTO = {"mode": "auto", "compressor": "powersgd", "bucket_cap_mb": 0.5, "min_compress_numel": 0,
-        "auto": {"interval_steps": 4, "sample_steps": 2, "dwell": 1, "pin_below_numel": 0, "link": "nominal",
+        "auto": {"warmup_steps": 0, "interval_steps": 4,
+                 "sample_steps": 2, "dwell": 1, "pin_below_numel": 0, "link": "nominal",
                  "link_gbit_s": 0.01, "detector_eta": None, "dense_dtype": "engine"}}
 
 

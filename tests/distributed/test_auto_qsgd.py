@@ -20,7 +20,8 @@ from harness import run_ranks
 # dense steps in fp32 ("engine"), so that their signals equal a float64 reference (bf16: test_auto_dense_dtype.py)
 AUTO = {"mode": "auto", "compressor": "qsgd", "bucket_cap_mb": 0.0625, "min_compress_numel": 0,
         "agreement_check_interval": 1,
-        "auto": {"interval_steps": 3, "dwell": 1, "pin_below_numel": 0, "link": "nominal", "link_gbit_s": 0.01,
+        "auto": {"warmup_steps": 0, "interval_steps": 3,
+                 "dwell": 1, "pin_below_numel": 0, "link": "nominal", "link_gbit_s": 0.01,
                  "detector_eta": None, "efficiency_floor": 0.5,
                  "dense_dtype": "engine"}}
 # the link and QSGD's codec timed at attach on both ranks (agreed fits); 5 repeats, so one preempted sample on a

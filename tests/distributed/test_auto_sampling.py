@@ -18,7 +18,8 @@ from harness import run_ranks
 
 STEPS = 14
 SECTION = {"mode": "auto", "compressor": "powersgd", "bucket_cap_mb": 0.05, "min_compress_numel": 0,
-           "auto": {"interval_steps": 6, "sample_steps": 2, "link": "nominal", "link_gbit_s": 10000.0,
+           "auto": {"warmup_steps": 0, "interval_steps": 6,
+                    "sample_steps": 2, "link": "nominal", "link_gbit_s": 10000.0,
                     "link_alpha_s": 0.0, "pin_below_numel": 0, "detector_eta": None}}
 EVERY = {**SECTION, "auto": {**SECTION["auto"], "sample_steps": 100}}
 MEASURED = {0, 1, 5, 6, 7, 11, 12, 13}

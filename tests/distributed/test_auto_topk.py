@@ -18,7 +18,8 @@ from harness import run_ranks
 # 16-wide layers: fewer compressible values than the signal's samples, so the estimate is exact; a nominal slow link
 AUTO = {"mode": "auto", "compressor": "topk", "bucket_cap_mb": 0.002, "min_compress_numel": 0,
         "agreement_check_interval": 1,
-        "auto": {"interval_steps": 3, "dwell": 1, "pin_below_numel": 0, "link": "nominal", "link_gbit_s": 0.001,
+        "auto": {"warmup_steps": 0, "interval_steps": 3,
+                 "dwell": 1, "pin_below_numel": 0, "link": "nominal", "link_gbit_s": 0.001,
                  "detector_eta": None}}
 STEPS, SAVE, PROBE = 12, 7, 1
 DECISIONS = (2, 5, 8, 11)

@@ -25,16 +25,18 @@ from harness import run_ranks
 # there instead of dense (exact ranks: test_auto_exact_rank.py)
 AUTO = {"mode": "auto", "compressor": "powersgd", "bucket_cap_mb": 0.05, "min_compress_numel": 0,
         "agreement_check_interval": 1,
-        "auto": {"interval_steps": 4, "dwell": 1, "pin_below_numel": 0, "link": "nominal", "link_gbit_s": 0.01,
+        "auto": {"warmup_steps": 0, "interval_steps": 4,
+                 "dwell": 1, "pin_below_numel": 0, "link": "nominal", "link_gbit_s": 0.01,
                  "detector_eta": None, "dense_dtype": "engine", "exact_fraction": 0.0}}
 # the link timed at attach, and again at the second decision (step 4); probes up to 16 MB, so that the per-byte
 # slope stands above the latency noise of a loaded 2-core machine (CI measured a 5 ms median at every size up to
 # the default 2 MB, a flat fit with no slope, while the other pytest worker ran)
 PROBES = {"probe_bytes": [65536, 4194304, 16777216], "probe_repeats": 5}
 MEASURED = {**AUTO, "cost_model": PROBES,
-            "auto": {"interval_steps": 2, "pin_below_numel": 0, "remeasure_decisions": 1}}
+            "auto": {"warmup_steps": 0, "interval_steps": 2, "pin_below_numel": 0, "remeasure_decisions": 1}}
 # the link timed at attach only, and re-timed whenever a step is off its prediction (any difference, here)
-REFIT = {**AUTO, "cost_model": PROBES, "auto": {"interval_steps": 2, "pin_below_numel": 0, "remeasure_decisions": 0,
+REFIT = {**AUTO, "cost_model": PROBES, "auto": {"warmup_steps": 0, "interval_steps": 2,
+                                                "pin_below_numel": 0, "remeasure_decisions": 0,
                           "refit_tolerance": 1e-9}}
 STEPS, DROP, SAVE = 20, 12, 9
 DECISIONS = (2, 6, 10, 14, 18)        # start 2 (the first signals), then every 4 steps

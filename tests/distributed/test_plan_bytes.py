@@ -16,7 +16,8 @@ import models as M
 from harness import run_ranks
 
 ROOT = Path(__file__).resolve().parents[2]
-CASES = {"qsgd": {}, "powersgd": {"compressor": {"type": "powersgd", "params": {"rank": 4}}}}   # two patterns
+CASES = {"qsgd": {"mode": "static"},                                   # two patterns (0.4's defaults; rank 4)
+         "powersgd": {"mode": "static", "compressor": {"type": "powersgd", "params": {"rank": 4}}}}
 
 
 def mlp() -> nn.Module:

@@ -53,7 +53,8 @@ COMPRESSED = {
     # auto on a nominal slow link (deterministic plans), a decision every 2 steps; on 128-wide layers (at 64,
     # its reference rank 16 does not compress a matrix, so its budget keeps every layer dense)
     "auto": {"mode": "auto", "compressor": "powersgd",
-             "auto": {"interval_steps": 2, "sample_steps": 1, "tight_steps": 0, "dwell": 1, "pin_below_numel": 0,
+             "auto": {"warmup_steps": 0, "interval_steps": 2,
+                      "sample_steps": 1, "tight_steps": 0, "dwell": 1, "pin_below_numel": 0,
                       "link": "nominal", "link_gbit_s": 0.01, "detector_eta": None}},
 }
 WIDTH = {"auto": 128}

@@ -100,6 +100,19 @@ def test_static_keys_are_refused_under_auto_not_ignored(section: dict, key: str)
     with pytest.raises(GravacConfigError, match=rf'key "{key}" .* is static mode.s and is not read by mode .auto.'):
         build_compressor(parse_config({"mode": "auto", **section}))
     assert build_compressor(parse_config({"mode": "static", **section})).name == section["compressor"]
+    assert "defaults to 'auto'" not in str(pytest.raises(GravacConfigError, build_compressor,
+                                                         parse_config({"mode": "auto", **section})).value)
+    with pytest.raises(GravacConfigError, match=rf'key "{key}" .* remove it; "mode" is not set and defaults to '
+                                                r"'auto' since 0.5: set \"mode\": \"static\""):
+        build_compressor(parse_config(section))       # a 0.4 section that relied on the static default
+
+
+def test_a_compressor_auto_does_not_drive_names_the_default_mode() -> None:
+    from ds_gravac.integration.engine import build_compressor
+
+    with pytest.raises(GravacConfigError, match=r"not 'dgc'.*\"mode\" is not set and defaults to 'auto'"):
+        build_compressor(parse_config({"compressor": "dgc"}))
+    assert build_compressor(parse_config({"mode": "static", "compressor": "dgc"})).name == "dgc"
 
 
 def test_the_dense_rung_sends_a_matrix_plain_and_a_rank_rung_at_its_rank() -> None:
@@ -114,6 +127,16 @@ def test_the_dense_rung_sends_a_matrix_plain_and_a_rank_rung_at_its_rank() -> No
         assert (plain.get("rank"), plain.words) == (0, n * m), group.name          # its values, no factors
         for level in group.ladder[1:]:
             assert comp.tensor_plan((n, m), level.value).get("rank") == int(level.value), (group.name, level)
+
+
+def test_the_default_dense_start_is_one_interval() -> None:
+    """Since 0.5 ``{}`` sends steps 0-49 dense and decides first at step 50: without that start ``auto`` and its
+    reference rank 16 ended outside the bounds on VGG16-bn (docs/algorithms.md §8, "On the short tasks")."""
+    ctl = AutoController(parse_config({}))
+    assert (ctl.start, ctl.interval) == (50, 50)
+    assert [s for s in range(151) if ctl.broadcast_point(s)] == [50, 100, 150]
+    assert all(ctl.measures(s) for s in range(50))              # exact ranks read the whole dense start
+    assert AutoController(parse_config({"auto": {"warmup_steps": 0}})).start == 2
 
 
 def test_documented_auto_defaults_are_the_codes() -> None:

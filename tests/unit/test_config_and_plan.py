@@ -11,11 +11,17 @@ from ds_gravac.sync.buckets import BucketPlan, classify
 
 
 def test_defaults_are_the_documented_ones() -> None:
-    """docs/configuration.md: an empty section is static QSGD with 8-bit codes (chosen by measurement); the
+    """docs/configuration.md: an empty section is ``auto`` over PowerSGD on tensors of at least 16,384 values
+    (since 0.5); ``"mode": "static"`` alone is static QSGD with 8-bit codes on every tensor (0.4's defaults); the
     low-rank compressors default to rank 16; the GraVAC keys keep the paper's values for "mode": "gravac"."""
     from ds_gravac.compress.registry import lookup
 
-    cfg = parse_config({})
+    auto = parse_config({})
+    assert (auto.mode, auto.compressor.type, auto.compressor.params, auto.min_compress_numel) == (
+        "auto", "powersgd", {}, 16384)
+    assert parse_config({"compressor": "topk"}).mode == "auto"
+    assert parse_config({"mode": "auto", "min_compress_numel": 0}).min_compress_numel == 0
+    cfg = parse_config({"mode": "static"})
     assert (cfg.mode, cfg.compressor.type, cfg.compressor.params) == ("static", "qsgd", {})
     qsgd = lookup("qsgd")()
     assert (qsgd.params.levels, qsgd.params.bucket_size, qsgd.default_cf()) == (127, 128, 4.0)   # 8-bit codes
@@ -33,13 +39,13 @@ def test_parameters_without_a_type_name_the_default_they_were_checked_against() 
     from ds_gravac.integration.engine import build_compressor
 
     with pytest.raises(GravacConfigError) as info:
-        build_compressor(parse_config({"compressor": {"params": {"rank": 8}}}))
+        build_compressor(parse_config({"mode": "static", "compressor": {"params": {"rank": 8}}}))
     assert "invalid parameters for compressor 'qsgd' (key \"compressor.type\" is not set" in str(info.value)
     assert '"powersgd" for "rank"' in str(info.value) and "\nrank\n" in str(info.value)   # pydantic names the key
     with pytest.raises(GravacConfigError) as info:
-        build_compressor(parse_config({"compressor": {"type": "qsgd", "params": {"rank": 8}}}))
+        build_compressor(parse_config({"mode": "static", "compressor": {"type": "qsgd", "params": {"rank": 8}}}))
     assert "is not set" not in str(info.value)
-    build_compressor(parse_config({"compressor": {"type": "powersgd", "params": {"rank": 8}}}))
+    build_compressor(parse_config({"mode": "static", "compressor": {"type": "powersgd", "params": {"rank": 8}}}))
 
 
 def test_bare_compressor_name_and_auto_values() -> None:

@@ -148,13 +148,14 @@ def test_rising_curve_and_heavy_bytes_fail(tmp_path: Path) -> None:
 
 
 def test_the_default_section_is_judged_as_a_compressed_row_not_as_dense(tmp_path: Path) -> None:
-    """An empty "gravac" section is the product's default (static QSGD), so its row gets the bounds; it once
-    was taken for a dense reference and never judged."""
+    """An empty "gravac" section is the product's default (``auto`` over PowerSGD since 0.5; static QSGD before),
+    so its row gets the bounds of its compressor's family; it once was taken for a dense reference and never
+    judged."""
     loop = _write_run(tmp_path / "loop", "mlp", {
         "ds_dense": {"loss": DENSE, "time": 0.1, "bytes": 1000.0, "gravac": None},
         "default": {"loss": SLOW, "time": 0.1, "bytes": 20.0, "gravac": {}}})
     row = next(r for r in build(loop, {})["systems"] if r["id"] == "default")
-    assert row["family"] == "quantization" and row["verdict"].startswith("loss +")
+    assert row["family"] == "low-rank" and row["verdict"].startswith("loss +")
 
 
 def test_config_systems_must_match_the_base(tmp_path: Path) -> None:

@@ -29,6 +29,18 @@ def plan(*args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=600)
 
 
+def _with_section(tmp_path: Path, section: dict, **engine: object) -> Path:
+    config = {**json.loads(DEFAULT.read_text()), **engine, "gravac": section}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def _report(out: subprocess.CompletedProcess) -> dict:
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout[out.stdout.index("{\n"):])      # after DeepSpeed's build lines, if any
+
+
 def qsgd8_bytes(numel: int, n: int) -> float:
     """QSGD at 8 bits (docs/algorithms.md, compress/qsgd.py): a bucket is cut into N partitions of L = ceil(m/N)
     values, each sent as fp32 norms, one per block of 128, and 8-bit codes packed four to a 32-bit word. Two ranks
@@ -40,11 +52,19 @@ def qsgd8_bytes(numel: int, n: int) -> float:
     return (n - 1) * payload if n == 2 else 2 * (n - 1) * payload / n
 
 
-def test_default_config_bytes_follow_the_qsgd_format() -> None:
+def test_the_default_config_plans_autos_reference() -> None:
+    """``"gravac": {}`` is ``auto`` over PowerSGD on tensors of at least 16,384 values since 0.5: the same plan as
+    the section written out."""
+    report = _report(plan(str(DEFAULT), "--model", "resnet18", "--json"))
+    assert (report["mode"], report["compressor"], report["refusals"]) == ("auto", "powersgd", [])
+    assert {r["level"] for r in report["rows"] if r["family"] == "powersgd"} == {"rank 16"}
+
+
+def test_static_qsgd_bytes_follow_the_qsgd_format(tmp_path: Path) -> None:
     world = 2
-    out = plan(str(DEFAULT), "--model", "resnet18", "--world-size", str(world), "--json")
-    assert out.returncode == 0, out.stderr
-    report = json.loads(out.stdout)
+    out = plan(str(_with_section(tmp_path, {"mode": "static"})), "--model", "resnet18", "--world-size", str(world),
+               "--json")
+    report = _report(out)
     model = torchvision.models.resnet18(weights=None)
     numel = sum(p.numel() for p in model.parameters())
     assert report["refusals"] == [] and report["mode"] == "static" and report["compressor"] == "qsgd"
@@ -62,18 +82,6 @@ def test_default_config_bytes_follow_the_qsgd_format() -> None:
     beta = 2 * (world - 1) / world * 8 / 1e9
     assert report["predicted_dense_s"] == pytest.approx(sum(1e-3 + beta * 4 * r["numel"] for r in report["rows"]))
     assert report["predicted_s"] < report["predicted_dense_s"]
-
-
-def _with_section(tmp_path: Path, section: dict, **engine: object) -> Path:
-    config = {**json.loads(DEFAULT.read_text()), **engine, "gravac": section}
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(config))
-    return path
-
-
-def _report(out: subprocess.CompletedProcess) -> dict:
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout[out.stdout.index("{\n"):])      # after DeepSpeed's build lines, if any
 
 
 def test_auto_plans_show_its_reference_rank_16(tmp_path: Path) -> None:
@@ -106,13 +114,14 @@ def test_an_unsupported_engine_is_refused_without_knock_on_refusals(tmp_path: Pa
     assert len(refused) == 1 and "zero_optimization.stage 3 is not supported" in refused[0]
 
 
-def test_a_hugging_face_model_given_as_module_callable() -> None:
-    """The HF BERT example (``module:callable``): every trainable tensor planned, bytes at the default's ratio."""
+def test_a_hugging_face_model_given_as_module_callable(tmp_path: Path) -> None:
+    """The HF BERT example (``module:callable``): every trainable tensor planned, bytes at QSGD 8-bit's ratio."""
     from runners.train_hf import tiny_bert
 
-    out = plan(str(ROOT / "ds_configs" / "hf.json"), "--model", "runners.train_hf:tiny_bert", "--json")
-    assert out.returncode == 0, out.stderr
-    report = json.loads(out.stdout)
+    config = {**json.loads((ROOT / "ds_configs" / "hf.json").read_text()), "gravac": {"mode": "static"}}
+    path = tmp_path / "hf_static.json"
+    path.write_text(json.dumps(config))
+    report = _report(plan(str(path), "--model", "runners.train_hf:tiny_bert", "--json"))
     assert sum(r["numel"] for r in report["rows"]) == sum(p.numel() for p in tiny_bert().parameters())
     assert report["refusals"] == [] and 0.25 < report["ratio"] < 0.27
 

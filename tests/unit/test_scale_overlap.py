@@ -65,7 +65,7 @@ def test_without_a_profile_nothing_overlaps() -> None:
 def test_workload_buckets_carry_readiness() -> None:
     """ResNet-18: DeepSpeed all-reduces after backward (1.0); the synchronizer's first bucket (the last layers)
     is ready early, the one holding the stem at the end."""
-    w = workloads("resnet18", {"ds_dense": None, "gv_topk_100": {"compressor": "topk", "cf": 100}}, [2])
+    w = workloads("resnet18", {"ds_dense": None, "gv_topk_100": {"mode": "static", "compressor": "topk", "cf": 100}}, [2])
     assert [b["ready"] for b in w["ds_dense"]["2"]] == [1.0]
     ready = [b["ready"] for b in w["gv_topk_100"]["2"]]
     assert ready[0] < 0.5 and max(ready) == 1.0 and ready == sorted(ready)
