@@ -181,12 +181,10 @@ class DebugConfig(StrictModel):
 class GravacConfig(StrictModel):
     # general
     enabled: bool = True
-    # defaults chosen by measurement (docs/BENCHMARKS_HISTORY.md §3.14): static QSGD, 8-bit codes
-    # ("quantized_exchange": "auto": all-gathered with two ranks, parameter-server exchange with more), measured
-    # within the accuracy bounds on ResNet101, the LSTM and the MLP, and on VGG16-bn within top-1 but not loss at
-    # 150 steps (+5.9%, where dense with its gradients perturbed by 1e-6 ends +5.0%: the benchmark's resolution
-    # there); faster per-model settings are ds_configs/<model>_recommended.json; GraVAC stays one key away
-    # ("mode": "gravac")
+    # defaults chosen by measurement (docs/algorithms.md §8, "On the short tasks"; BENCHMARKS_HISTORY.md §3.22):
+    # since 0.5 mode "auto" over PowerSGD after a 50-step dense start (_auto_defaults), inside the noise floor on
+    # VGG16-bn, the LSTM and the MLP and with DeepSpeed's bf16 all-reduce on ResNet101; "mode": "static" keeps 0.4's
+    # static QSGD 8-bit (§3.14); per-model settings are ds_configs/<model>_recommended.json
     mode: Literal["gravac", "static", "accordion", "dense", "auto"] = "auto"
     compressor: CompressorSpec = Field(default_factory=CompressorSpec)
     # static mode's level; null: the compressor's own (a quantizer's grid default, e.g. QSGD 8-bit = CF 4; 100

@@ -111,10 +111,11 @@ class GroupErrors:
         measured step so far is at most ``fraction`` (0: none; a ``fraction`` of 0 finds none). Every step, not
         the interval's ratio of sums: a rank bound holds on each step, while a few steps of large, nearly rank-1
         gradients dominate the sums (the LSTM's 2600 × 650 class over a 50-step dense start: 1.3·10⁻³ at rank 2
-        by the sums, 0.25 on its first steps; held at rank 2, it ended outside the perplexity bound). Convolutions are left out: one whose output is
-        1 × 1 (ResNet's last stage on 32 × 32 inputs) is rank-bounded too, but ResNet trained within the bounds
-        without the rule, which would send that stage at 4× rank 16's bytes. VGG16-bn's 4096 × 25088 and 4096 × 4096 classes (batch 64) measured 2·10⁻⁴
-        to 1.8·10⁻³ at rank 64 on dense steps (the fp32 projection onto a warm start that trails the batch), rank 32
+        by the sums, 0.25 on its first steps; held at rank 2, it ended outside the perplexity bound).
+        Convolutions are left out: one whose output is 1 × 1 (ResNet's last stage on 32 × 32 inputs) is
+        rank-bounded too, but ResNet trained within the bounds without the rule, which would send that stage at 4×
+        rank 16's bytes. VGG16-bn's 4096 × 25088 and 4096 × 4096 classes (batch 64) measured 2·10⁻⁴ to 1.8·10⁻³ at
+        rank 64 on dense steps (the fp32 projection onto a warm start that trails the batch), rank 32
         7–43%.
         Read once, from the dense start: under error feedback the fraction also holds the residual of earlier
         steps, which a rank equal to the gradient's rank bound does not send (VGG16-bn's classes at rank 64 reached
