@@ -10,7 +10,7 @@ from ds_gravac.adapt.auto.ladder import LOWRANK
 from ds_gravac.compress.base import CompressCtx, Payload
 from ds_gravac.config import parse_config
 from ds_gravac.integration.engine import build_compressor
-from test_auto_controller import _controller
+from auto_cases import _controller
 
 N, M = 64, 96
 
