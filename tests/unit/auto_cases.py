@@ -3,8 +3,6 @@
 and the steps and intervals that drive it."""
 from __future__ import annotations
 
-
-
 from ds_gravac.adapt.auto.controller import AutoController
 from ds_gravac.adapt.auto.ladder import RANKS
 from ds_gravac.adapt.auto.timing import Pricer, link_fits

@@ -2,7 +2,6 @@
 selection of one tensor through the compressor contract."""
 from __future__ import annotations
 
-
 import torch
 
 from ds_gravac.compress import sparse_select as sel

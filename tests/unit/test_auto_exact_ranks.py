@@ -2,7 +2,6 @@
 step of the dense start) is referenced and capped there."""
 from __future__ import annotations
 
-
 import pytest
 
 from ds_gravac.adapt.auto.budget import exact_reference
