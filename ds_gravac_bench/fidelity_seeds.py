@@ -63,8 +63,21 @@ def seed_table(dirs: Sequence[Path], clusters: dict[str, list[Path]]) -> dict[st
                              f"(final loss {ref['final_loss']} vs {theirs['final_loss']}): not one seed")
         seen = {r["id"] for r in first["systems"]}
         rows = [_keep_rates(r, other["systems"]) for r in first["systems"]]
-        first = {**first, "systems": rows + [r for r in other["systems"] if r["id"] not in seen]}
+        first = {**first, "systems": rows + [r for r in other["systems"] if r["id"] not in seen],
+                 **_merged_sources(first, other)}
     return {**first, "noise_floor": noise_floor(first["systems"], first["reference"])}   # a kept control counts
+
+
+def _merged_sources(first: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+    """Both tables' run directories and cluster directories per rate (first's first): the rows kept from
+    ``other`` came from its directories, and a report's rate columns are its ``clusters``' rates."""
+    def union(a: str, b: str) -> str:
+        parts = [p for p in (a.split(", ") if a else []) + (b.split(", ") if b else []) if p]
+        return ", ".join(dict.fromkeys(parts))
+    mine, theirs = first.get("clusters") or {}, other.get("clusters") or {}
+    clusters = {rate: union(mine.get(rate, ""), theirs.get(rate, "")) for rate in [*mine, *theirs]}
+    runs = list(dict.fromkeys([*first.get("runs", []), *other.get("runs", [])]))
+    return {"clusters": clusters, "runs": runs}
 
 
 def _keep_rates(row: dict[str, Any], others: Sequence[dict[str, Any]]) -> dict[str, Any]:

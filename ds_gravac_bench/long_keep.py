@@ -74,7 +74,7 @@ def compact_curve(records: list[dict[str, Any]]) -> dict[str, Any]:
             "loss": _encode([float(r["loss"]) for r in records]),
             "bytes_sent": _runs_of([r.get("bytes_sent") for r in records]),
             "median_step_s": curve_of(records)["median_step"],      # the median the reports read
-            "evals": [{k: v for k, v in r.items() if k == "step" or k.startswith("eval/")}
+            "evals": [{k: r[k] for k in sorted(r) if k == "step" or k.startswith("eval/")}   # stable over restores
                       for r in records if any(k.startswith("eval/") for k in r)]}
 
 

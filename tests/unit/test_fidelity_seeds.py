@@ -155,6 +155,25 @@ def test_a_seed_merged_from_several_reports_takes_its_noise_floor_from_whichever
     assert seed_table([a], {})["noise_floor"] is None
 
 
+def test_a_merged_seed_keeps_every_reports_run_and_cluster_directories(tmp_path: Path) -> None:
+    """A save that adds one controller's run at one rate keeps the rates and directories of the rows kept before
+    (the report's rate columns are its ``clusters``; once, a save kept only the new rate's)."""
+    from ds_gravac_bench.fidelity_seeds import seed_table
+
+    a = _seed(tmp_path / "a", 0.4, 0.84, [_row("gv_auto at 100mbit", "low-rank", 0.41, 0.4, 0.84, 210, 0.06)])
+    b = _seed(tmp_path / "b", 0.4, 0.84, [_row("gv_auto at 1gbit", "low-rank", 0.40, 0.4, 0.84, 200, 0.08)])
+    for root, clusters, runs in ((a, {"100mbit": "runs/c-100mbit-v2"}, ["runs/s0"]),
+                                 (b, {"1gbit": "runs/steps-1gbit, runs/c-1gbit", "100mbit": "runs/c-100mbit"},
+                                  ["runs/s0", "runs/s0-more"])):
+        table = json.loads((root / "fidelity.json").read_text())
+        (root / "fidelity.json").write_text(json.dumps({**table, "clusters": clusters, "runs": runs}))
+    merged = seed_table([a, b], {})
+    assert merged["clusters"] == {"100mbit": "runs/c-100mbit-v2, runs/c-100mbit",
+                                  "1gbit": "runs/steps-1gbit, runs/c-1gbit"}
+    assert merged["runs"] == ["runs/s0", "runs/s0-more"]
+    assert [r["id"] for r in merged["systems"]] == ["ds_dense", "gv_auto at 100mbit", "gv_auto at 1gbit"]
+
+
 def test_reports_of_different_dense_runs_are_refused(tmp_path: Path) -> None:
     a = _seed(tmp_path / "a", 0.4, 0.84, [])
     b = _seed(tmp_path / "b", 0.41, 0.84, [_row("jitter", "dense", 0.48, 0.41, 0.82, 220, 1.0)])

@@ -44,3 +44,16 @@ def test_a_kept_file_holds_the_figures_without_curves_or_paths(tmp_path: Path) -
 def test_a_directory_without_a_report_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="holds no results.json"):
         keep(tmp_path / "out.json", [tmp_path], "t", "c")
+
+
+def test_a_kept_dense_curve_is_written_alike_after_a_restore() -> None:
+    """``long_keep``'s compact curve of a run rebuilt from it is the same text: a save after a restore leaves the
+    kept ``reference.json`` unchanged (once, each round trip moved the evaluations' ``step`` key and rewrote it)."""
+    from ds_gravac_bench.long_keep import compact_curve, expand_curve
+
+    records = [{"loss": 3.0 - 0.01 * i, "time/step": 0.5, "bytes_sent": 100.0, "step": i + 1} for i in range(6)]
+    records[2] = {"eval/top1": 0.25, "eval/loss": 2.5, **records[2]}       # the runner logs evaluations first
+    records[5] = {**records[5], "eval/top1": 0.5, "eval/loss": 2.0}
+    kept = json.dumps(compact_curve(records))
+    assert json.dumps(compact_curve(expand_curve(json.loads(kept), "ds_dense"))) == kept
+    assert [list(e) for e in json.loads(kept)["evals"]] == [["eval/loss", "eval/top1", "step"]] * 2
