@@ -1,26 +1,14 @@
-"""The multi-seed fidelity summary judges the bounds on the means of the seeds (hand-made per-seed reports)."""
+"""The multi-seed fidelity summary judges the bounds on the means of the seeds (hand-made per-seed reports); the
+sweep's picks and the leading table: test_fidelity_sweep_and_lead."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import pytest
 
 from ds_gravac_bench.fidelity_seeds import combine, markdown
-
-
-def _row(sid: str, family: str, final: float, dense: float, top1: float, reach: int, bytes_ratio: float) -> dict:
-    return {"id": sid, "family": family, "final_loss": final, "dense_loss": dense, "gap": final / dense - 1,
-            "bytes_ratio": bytes_ratio, "rises": False, "steps_to_target": reach, "eval": {"eval/top1": top1}}
-
-
-def _seed(root: Path, dense: float, dense_top1: float, rows: list[dict]) -> Path:
-    root.mkdir()
-    table = {"model": "resnet101", "steps": 300, "reference": "ds_dense",
-             "systems": [_row("ds_dense", "dense", dense, dense, dense_top1, 200, 1.0)] + rows}
-    (root / "fidelity.json").write_text(json.dumps(table))
-    return root
+from seeds_cases import _row, _seed
 
 
 def test_bounds_are_judged_on_the_means(tmp_path: Path) -> None:
@@ -217,26 +205,6 @@ def test_held_out_top1_is_paired_per_seed_beside_the_noise_floor(tmp_path: Path)
     assert "top-1 − dense, points (noise floor +0.00 ± 1.00)" in md
 
 
-def test_the_sweep_picks_per_family_the_soonest_level_within_the_bounds(tmp_path: Path) -> None:
-    """Tuning seeds: Top-k 100× reaches the target sooner than 10× but misses top-1 on the means, so 10× is the
-    sparsifier pick; PowerSGD rank 4 beats rank 1 on steps; no quantizer passes; GraVAC is never a static pick."""
-    from ds_gravac_bench.fidelity_sweep import pick
-
-    def seed(root: Path, shift: int) -> Path:
-        return _seed(root, 0.5, 0.8, [_row("gv_topk_10", "sparsification", 0.5, 0.5, 0.8, 220 + shift, 0.1),
-                                      _row("gv_topk_100", "sparsification", 0.5, 0.5, 0.7, 200 + shift, 0.01),
-                                      _row("gv_powersgd_r1", "low-rank", 0.5, 0.5, 0.8, 260 + shift, 0.01),
-                                      _row("gv_powersgd_r4", "low-rank", 0.5, 0.5, 0.8, 230 + shift, 0.04),
-                                      {**_row("gv_gravac", "sparsification", 0.5, 0.5, 0.8, 100, 0.01),
-                                       "adaptive": True},     # as every report row says (fidelity._row)
-                                      _row("gv_onebit", "quantization", 0.9, 0.5, 0.8, None, 0.03)])
-
-    res = combine([[seed(tmp_path / "a", 0)], [seed(tmp_path / "b", 10)]])
-    picks = pick(res)
-    assert picks["sparsification"] == {"id": "gv_topk_10", "sort_key": [225.0, 0.1]}
-    assert picks["low-rank"]["id"] == "gv_powersgd_r4" and picks["quantization"] is None
-
-
 def test_kept_reports_get_their_time_to_target_from_the_cluster_runs(tmp_path: Path) -> None:
     """A seed given as a kept report (no loss curves) is timed as its runs would be: a static row's steps to target
     × its cluster step (a dense start at the cluster's dense step), a GraVAC row from its own cluster run."""
@@ -311,144 +279,3 @@ def test_a_controller_trained_on_the_cluster_pairs_its_seeds_per_rate(tmp_path: 
     from_report, from_runs = ({r["id"]: r for r in combine([[d]], {"1gbit": [c_a]})["systems"]}["gv_auto at 1gbit"]
                               for d in (kept, loop_a))
     assert from_report["time_s"] == from_runs["time_s"] == {"1gbit": pytest.approx(0.25 * reach)}
-
-
-def test_the_sweep_cost_sums_every_recorded_run(tmp_path: Path) -> None:
-    """The sweep's cost is what bench_e2e recorded per system (a continued run's invocations already summed), so an
-    interrupted sweep that is run again reports the whole cost, not the last invocation's."""
-    from ds_gravac_bench.fidelity_sweep import runs_cost
-
-    for name, systems in (("s100", {"ds_dense": {"cpu_s": 100.0, "wall_s": 60.0}, "gv_topk_10": {"cpu_s": 50.5}}),
-                          ("s101", {"ds_dense": {"cpu_s": 20.0, "wall_s": 12.5}, "failed": {"returncode": 1}})):
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "meta.json").write_text(json.dumps({"systems": systems}))
-    assert runs_cost([tmp_path / "s100", tmp_path / "s101"]) == {"cpu_s": 170.5, "wall_s": 72.5}
-
-
-def test_post_local_sgd_period_is_picked_on_time_at_a_rate_never_on_steps(tmp_path: Path) -> None:
-    """Period 8 reaches the target in fewer steps than period 32, but at 100 Mbit/s period 32's cheaper steps reach
-    it sooner: the pick at that rate is 32, and without a rate there is no local-SGD pick at all."""
-    from ds_gravac_bench.fidelity_sweep import pick
-
-    def timed(row: dict, seconds: float) -> dict:
-        return {**row, "rates": {"100mbit": {"step_s": 1.0, "time_s": seconds}}}
-
-    def seed(root: Path) -> Path:
-        root.mkdir()
-        rows = [timed(_row("ds_dense", "dense", 0.5, 0.5, 0.8, 200, 1.0), 900.0),
-                timed(_row("ddp_localsgd@period=8", "baseline", 0.5, 0.5, 0.8, 210, 0.125), 300.0),
-                timed(_row("ddp_localsgd@period=32", "baseline", 0.5, 0.5, 0.8, 240, 0.03), 120.0),
-                timed(_row("ddp_localsgd@period=128", "baseline", 0.6, 0.5, 0.6, 300, 0.01), 60.0)]
-        (root / "fidelity.json").write_text(json.dumps({"model": "resnet18", "steps": 300, "reference": "ds_dense",
-                                                        "systems": rows}))
-        return root
-
-    res = combine([[seed(tmp_path / "a")], [seed(tmp_path / "b")]])
-    assert "ddp_localsgd" not in pick(res)
-    assert pick(res, "100mbit")["ddp_localsgd"] == {"id": "ddp_localsgd@period=32", "sort_key": [120.0, 0.03]}
-
-
-def test_the_leading_table_gives_time_to_the_held_out_target_against_ddp_with_the_bf16_hook(tmp_path: Path) -> None:
-    """Two paired seeds: DDP + bf16 reaches the held-out target in 600 s and 400 s at 100 Mbit/s (mean 500), a
-    compressor in 200 and 300 (mean 250): 2.00× sooner; one that misses it on a seed has no ratio; a controller
-    trained at 1 Gbit/s only has figures there. Beside them: top-1 mean ± sd and its paired gap to dense."""
-    from ds_gravac_bench.fidelity_lead import lead_markdown, ratios
-
-    def seed(root: Path, base_s: float, mine_s: float, mine_top1: float) -> Path:
-        root.mkdir()
-
-        def row(sid: str, family: str, top1: float, rates: dict) -> dict:
-            return {**_row(sid, family, 0.5, 0.5, top1, 200, 0.5 if family == "baseline" else 0.1),
-                    "steps_to_top1": 400, "rates": rates}
-        rows = [row("ds_dense", "dense", 0.34, {"100mbit": {"top1_time_s": 2000.0}}),
-                row("ddp_bf16", "baseline", 0.34, {"100mbit": {"top1_time_s": base_s}}),
-                row("mine", "low-rank", mine_top1, {"100mbit": {"top1_time_s": mine_s}}),
-                row("late", "sparsification", 0.30, {"100mbit": {"top1_time_s": None if base_s > 500 else 90.0}}),
-                {**row("gv_auto at 1gbit", "low-rank", 0.34, {"1gbit": {"top1_time_s": 100.0}}),
-                 "trained_at": "1gbit"}]
-        (root / "fidelity.json").write_text(json.dumps({"model": "resnet18", "steps": 6000,
-                                                        "reference": "ds_dense", "systems": rows}))
-        return root
-
-    res = combine([[seed(tmp_path / "a", 600.0, 200.0, 0.33)], [seed(tmp_path / "b", 400.0, 300.0, 0.35)]])
-    vs = ratios(res)
-    assert vs["mine"] == {"100mbit": pytest.approx(2.0)} and vs["ddp_bf16"] == {"100mbit": pytest.approx(1.0)}
-    assert vs["late"]["100mbit"] is None and vs["gv_auto at 1gbit"]["1gbit"] is None   # no baseline at 1gbit
-    md = lead_markdown(res)
-    assert "| mine | low-rank | 250 s (2.00×) | – | 34.00 ± 1.41 | +0.00 ± 1.41 | 0.100 | ok |" in md
-    assert "| late | sparsification | – | – |" in md and "100mbit: time to held-out target (× ddp_bf16)" in md
-
-
-def test_the_leading_table_says_where_post_local_sgd_beats_compression_beside_the_noise_floor(
-        tmp_path: Path) -> None:
-    """Two seeds at 100 Mbit/s. The jitter control reaches the held-out target 10% and 30% off dense's steps (floor
-    ±20%). Post-local SGD's best period within the bounds takes 100 s (period 32; period 8 takes 150 s, period 128
-    misses top-1). A compressor at 150 s is 1.50× later, one at 110 s is inside the floor, one at 50 s is 2.00×
-    sooner, one never reaches the target."""
-    from ds_gravac_bench.fidelity_lead import lead_markdown, steps_floor
-
-    def seed(root: Path, jitter_steps: int) -> Path:
-        root.mkdir()
-
-        def row(sid: str, family: str, t: Optional[float], steps: int = 400, top1: float = 0.34) -> dict:
-            return {**_row(sid, family, 0.5, 0.5, top1, 200, 0.5), "steps_to_top1": steps,
-                    "rates": {"100mbit": {"top1_time_s": t}}}
-        rows = [row("ds_dense", "dense", 400.0), row("ds_dense_jitter", "dense", 400.0, steps=jitter_steps),
-                row("ddp_localsgd@period=8", "baseline", 150.0), row("ddp_localsgd@period=32", "baseline", 100.0),
-                row("ddp_localsgd@period=128", "baseline", 20.0, top1=0.20),
-                row("later", "low-rank", 150.0), row("close", "quantization", 110.0),
-                row("sooner", "sparsification", 50.0), row("never", "low-rank", None)]
-        (root / "fidelity.json").write_text(json.dumps({"model": "resnet18", "steps": 6000,
-                                                        "reference": "ds_dense", "systems": rows}))
-        return root
-
-    res = combine([[seed(tmp_path / "a", 440)], [seed(tmp_path / "b", 280)]])
-    assert steps_floor(res) == pytest.approx(0.2)
-    line = next(x for x in lead_markdown(res).splitlines() if x.startswith("- 100mbit:"))
-    assert line.startswith("- 100mbit: `ddp_localsgd@period=32` (100 s) against ")
-    assert "`later` (150 s): post-local SGD 1.50× sooner" in line
-    assert "`close` (110 s): no difference" in line
-    assert "`sooner` (50 s): compression 2.00× sooner" in line
-    assert "`never` (never reached the target): post-local SGD sooner" in line
-    assert "noise floor ±20%" in lead_markdown(res)
-
-
-def test_the_leading_table_pairs_static_rows_with_the_baseline_in_each_round_of_step_times(tmp_path: Path) -> None:
-    """Rounds of step times at 1 Gbit/s: DDP + bf16 0.5, 0.6, 0.55 s; a static compressor 0.4, 0.5, 0.5 s. With 4,800
-    and (4,000 + 4,400) / 2 = 4,200 steps to the held-out target, the paired ratios per round are 4800·0.5 /
-    (4200·0.4) = 1.43, 4800·0.6 / (4200·0.5) = 1.37 and 4800·0.55 / (4200·0.5) = 1.26. A controller's own run and a
-    row priced otherwise (post-local SGD's mixed steps) get no range, even when the rounds list their id."""
-    from ds_gravac_bench.fidelity_lead import lead_markdown, round_ratios
-    from ds_gravac_bench.fidelity_time import ONE_STEP
-
-    def seed(root: Path, mine_steps: int) -> Path:
-        root.mkdir()
-
-        def row(sid: str, family: str, steps: int, t: float, source: str = ONE_STEP) -> dict:
-            return {**_row(sid, family, 0.5, 0.5, 0.34, 200, 0.5), "steps_to_top1": steps,
-                    "rates": {"1gbit": {"top1_time_s": t, "source": source}}}
-        rows = [row("ds_dense", "dense", 5600, 4000.0), row("ddp_bf16", "baseline", 4800, 2500.0),
-                row("mine", "low-rank", mine_steps, 2000.0),
-                row("ddp_localsgd@period=8", "baseline", 5000, 1500.0, source="mixed steps"),
-                {**row("gv_auto at 1gbit", "low-rank", 4600, 2700.0, source="cluster run"), "trained_at": "1gbit"}]
-        (root / "fidelity.json").write_text(json.dumps({"model": "resnet18", "steps": 6000,
-                                                        "reference": "ds_dense", "systems": rows}))
-        return root
-
-    medians = {"ddp_bf16": [0.5, 0.6, 0.55], "mine": [0.4, 0.5, 0.5], "ddp_localsgd@period=8": [0.3, 0.3, 0.3],
-               "gv_auto at 1gbit": [0.4, 0.4, 0.4], "short": [0.4]}
-    kept = tmp_path / "rounds.json"
-    kept.write_text(json.dumps({"rates": {"1gbit": {"rounds": 3, "systems": {
-        sid: {"round_medians": m} for sid, m in medians.items()}}}}))
-    res = combine([[seed(tmp_path / "a", 4000)], [seed(tmp_path / "b", 4400)]], rounds={"1gbit": kept})
-    assert set(res["rounds"]["1gbit"]["systems"]) == set(medians) - {"short"}      # a system missing rounds: left out
-    paired = round_ratios(res)
-    lo, mid, hi = paired["mine"]["1gbit"]
-    assert (lo, mid, hi) == pytest.approx((4800 * 0.55 / (4200 * 0.5), 4800 * 0.6 / (4200 * 0.5),
-                                           4800 * 0.5 / (4200 * 0.4)), rel=1e-12)
-    assert not {"ddp_bf16", "ddp_localsgd@period=8", "gv_auto at 1gbit"} & set(paired)
-    md = lead_markdown(res)
-    assert "| mine | low-rank | 2000 s (1.25×; rounds 1.26–1.43×) |" in md
-    assert "1gbit: 3 rounds" in md
-    with pytest.raises(SystemExit, match="no rounds at 100mbit"):
-        combine([[seed(tmp_path / "c", 4000)]], rounds={"100mbit": kept})
