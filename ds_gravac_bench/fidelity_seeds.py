@@ -87,7 +87,17 @@ def _keep_rates(row: dict[str, Any], others: Sequence[dict[str, Any]]) -> dict[s
     earlier = next((o for o in others if o["id"] == row["id"] and all(o.get(k) == row.get(k) for k in same)), None)
     if earlier is None or not earlier.get("rates"):
         return row
-    return {**row, "rates": {**earlier["rates"], **row.get("rates", {})}}
+    return {**row, "rates": _timed_first(earlier["rates"], row.get("rates", {}))}
+
+
+def _timed_first(kept: dict[str, Any], fresh: dict[str, Any]) -> dict[str, Any]:
+    """Per rate, ``fresh``'s time where it has one, else ``kept``'s: a directory that did not run a system at a
+    rate ("no cluster run") never erases the time a kept report holds for it there."""
+    out = dict(kept)
+    for rate, t in fresh.items():
+        if t.get("step_s") is not None or out.get(rate, {}).get("step_s") is None:
+            out[rate] = t
+    return out
 
 
 def _with_rates(table: dict[str, Any], clusters: dict[str, list[Path]]) -> dict[str, Any]:
@@ -105,13 +115,13 @@ def _with_rates(table: dict[str, Any], clusters: dict[str, list[Path]]) -> dict[
         if row.get("trained_at"):          # its time is its own run's, kept in the report
             rows.append(row)
             continue
-        rates = dict(row.get("rates", {}))
+        fresh = {}
         for rate, (runs, section_of) in at_rate.items():
             section = section_of.get(row.get("section_hash", ""))
             run = runs.get(row["id"]) or runs.get(match_key(row["id"], section))
-            rates[rate] = time_at_rate(run, row["steps_to_target"], section, table["target_loss"],
+            fresh[rate] = time_at_rate(run, row["steps_to_target"], section, table["target_loss"],
                                        row.get("steps_to_top1"), table.get("top1_target"), row.get("quiet_steps"))
-        rows.append({**row, "rates": rates})
+        rows.append({**row, "rates": _timed_first(row.get("rates", {}), fresh)})
     return {**table, "systems": rows}
 
 

@@ -208,7 +208,7 @@ def test_held_out_top1_is_paired_per_seed_beside_the_noise_floor(tmp_path: Path)
 def test_kept_reports_get_their_time_to_target_from_the_cluster_runs(tmp_path: Path) -> None:
     """A seed given as a kept report (no loss curves) is timed as its runs would be: a static row's steps to target
     × its cluster step (a dense start at the cluster's dense step), a GraVAC row from its own cluster run."""
-    from test_fidelity_report import DENSE, GRAVAC, STATIC, _write_run
+    from fidelity_report_cases import DENSE, GRAVAC, STATIC, _write_run
 
     from ds_gravac_bench.fidelity import build
 
@@ -236,6 +236,32 @@ def test_kept_reports_get_their_time_to_target_from_the_cluster_runs(tmp_path: P
     assert from_report["gv_gravac"]["time_s"] == {"1gbit": pytest.approx(reach * 0.3)}   # its own run's steps
     for sid, row in from_runs.items():
         assert from_report[sid]["time_s"] == row["time_s"] and from_report[sid]["speedup"] == row["speedup"]
+
+
+def test_a_cluster_directory_without_a_system_keeps_the_time_a_kept_report_holds_for_it(tmp_path: Path) -> None:
+    """Saving one controller's run at a rate (its directory holds only that system) keeps every other row's time at
+    that rate: once, "no cluster run" replaced the kept times of dense, ddp_bf16 and rank 16 at 100 Mbit/s."""
+    from fidelity_report_cases import DENSE, STATIC, _write_run
+
+    from ds_gravac_bench.fidelity import build
+    from ds_gravac_bench.fidelity_seeds import seed_table
+
+    loop = _write_run(tmp_path / "loop", "mlp", {
+        "ds_dense": {"loss": DENSE, "time": 0.1, "bytes": 1000.0, "gravac": None},
+        "gv_topk_100": {"loss": DENSE, "time": 0.1, "bytes": 10.0, "gravac": STATIC}})
+    steps = _write_run(tmp_path / "steps", "mlp", {
+        "ds_dense": {"loss": DENSE[:20], "time": 2.0, "bytes": 1000.0, "gravac": None},
+        "gv_topk_100": {"loss": DENSE[:20], "time": 0.5, "bytes": 10.0, "gravac": STATIC}})
+    other = _write_run(tmp_path / "other", "mlp", {   # another system's whole run at the same rate
+        "gv_auto": {"loss": DENSE, "time": 0.2, "bytes": 10.0, "gravac": {"mode": "auto", "compressor": "powersgd"}}})
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "fidelity.json").write_text(json.dumps(build(loop, {"100mbit": [steps]})))
+    before = {r["id"]: r["rates"]["100mbit"] for r in seed_table([kept], {})["systems"]}
+    assert before["gv_topk_100"]["step_s"] == pytest.approx(0.5)
+    for dirs in ([kept], [loop, kept]):        # a kept report alone, or behind a run directory (long_keep save)
+        after = {r["id"]: r["rates"]["100mbit"] for r in seed_table(dirs, {"100mbit": [other]})["systems"]}
+        assert after["ds_dense"] == before["ds_dense"] and after["gv_topk_100"] == before["gv_topk_100"]
 
 
 def test_the_summary_names_seeds_without_absolute_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
