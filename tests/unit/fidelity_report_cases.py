@@ -62,3 +62,15 @@ def dirs(tmp_path: Path) -> tuple[Path, Path]:
 
 def _top1_curve(steps_to: dict[int, float]) -> dict[int, dict[str, float]]:
     return {step: {"eval/top1": top1} for step, top1 in steps_to.items()}
+
+
+def loop_and_cluster(root: Path, static_id: str = "gv_topk_100") -> tuple[Path, Path]:
+    """Dense and a static Top-k row (as ``static_id``) on loopback, 0.1 s a step; both on a cluster (the static
+    row as ``gv_topk_100``), 2.0 and 0.5 s a step."""
+    loop = _write_run(root / "loop", "mlp", {
+        "ds_dense": {"loss": DENSE, "time": 0.1, "bytes": 1000.0, "gravac": None},
+        static_id: {"loss": DENSE, "time": 0.1, "bytes": 10.0, "gravac": STATIC}})
+    cluster = _write_run(root / "c1g", "mlp", {
+        "ds_dense": {"loss": DENSE[:20], "time": 2.0, "bytes": 1000.0, "gravac": None},
+        "gv_topk_100": {"loss": DENSE[:20], "time": 0.5, "bytes": 10.0, "gravac": STATIC}})
+    return loop, cluster

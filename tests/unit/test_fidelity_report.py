@@ -12,7 +12,7 @@ from ds_gravac_bench.fidelity import build, report
 from ds_gravac_bench.fidelity_output import markdown
 from ds_gravac_bench.report import smooth
 from ds_gravac_bench.systems import config_system, resolve_system, system_matrix
-from fidelity_report_cases import DENSE, GRAVAC, SLOW, STATIC, _write_run
+from fidelity_report_cases import DENSE, GRAVAC, SLOW, STATIC, _write_run, loop_and_cluster
 from fidelity_report_cases import dirs  # noqa: F401 (a pytest fixture)
 
 
@@ -219,12 +219,7 @@ def test_pytorchs_powersgd_hook_prices_its_fp32_start_at_the_dense_step(tmp_path
 
 
 def test_a_cluster_run_of_the_same_section_under_another_id_gives_the_time(tmp_path: Path) -> None:
-    loop = _write_run(tmp_path / "loop", "mlp", {
-        "ds_dense": {"loss": DENSE, "time": 0.1, "bytes": 1000.0, "gravac": None},
-        "mlp_recommended": {"loss": DENSE, "time": 0.1, "bytes": 10.0, "gravac": STATIC}})
-    cluster = _write_run(tmp_path / "c1g", "mlp", {
-        "ds_dense": {"loss": DENSE[:20], "time": 2.0, "bytes": 1000.0, "gravac": None},
-        "gv_topk_100": {"loss": DENSE[:20], "time": 0.5, "bytes": 10.0, "gravac": STATIC}})
+    loop, cluster = loop_and_cluster(tmp_path, "mlp_recommended")
     row = next(r for r in build(loop, {"1gbit": cluster})["systems"] if r["id"] == "mlp_recommended")
     assert row["rates"]["1gbit"]["step_s"] == 0.5 and row["rates"]["1gbit"]["speedup"] == pytest.approx(4.0)
 

@@ -241,17 +241,12 @@ def test_kept_reports_get_their_time_to_target_from_the_cluster_runs(tmp_path: P
 def test_a_cluster_directory_without_a_system_keeps_the_time_a_kept_report_holds_for_it(tmp_path: Path) -> None:
     """Saving one controller's run at a rate (its directory holds only that system) keeps every other row's time at
     that rate: once, "no cluster run" replaced the kept times of dense, ddp_bf16 and rank 16 at 100 Mbit/s."""
-    from fidelity_report_cases import DENSE, STATIC, _write_run
+    from fidelity_report_cases import DENSE, _write_run, loop_and_cluster
 
     from ds_gravac_bench.fidelity import build
     from ds_gravac_bench.fidelity_seeds import seed_table
 
-    loop = _write_run(tmp_path / "loop", "mlp", {
-        "ds_dense": {"loss": DENSE, "time": 0.1, "bytes": 1000.0, "gravac": None},
-        "gv_topk_100": {"loss": DENSE, "time": 0.1, "bytes": 10.0, "gravac": STATIC}})
-    steps = _write_run(tmp_path / "steps", "mlp", {
-        "ds_dense": {"loss": DENSE[:20], "time": 2.0, "bytes": 1000.0, "gravac": None},
-        "gv_topk_100": {"loss": DENSE[:20], "time": 0.5, "bytes": 10.0, "gravac": STATIC}})
+    loop, steps = loop_and_cluster(tmp_path)
     other = _write_run(tmp_path / "other", "mlp", {   # another system's whole run at the same rate
         "gv_auto": {"loss": DENSE, "time": 0.2, "bytes": 10.0, "gravac": {"mode": "auto", "compressor": "powersgd"}}})
     kept = tmp_path / "kept"
