@@ -18,7 +18,8 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 MODEL ?= resnet101
 CONFIG ?= ds_configs/default.json
 # Two pytest workers (pytest-xdist), whole files to one worker (module fixtures shared): a launch spends seconds
-# on one core importing torch and DeepSpeed, time the other worker's tests use. PYTEST_WORKERS=0 runs serially.
+# on one core importing torch and DeepSpeed, time the other worker's tests use. Files go out in the order
+# tests/conftest.py sorts them (the slow launcher files first). PYTEST_WORKERS=0 runs serially.
 PYTEST_WORKERS ?= 2
 PYTEST_ARGS ?=
 
@@ -36,7 +37,7 @@ $(STAMP): setup.py constraints.txt
 setup: $(STAMP)
 
 test: setup
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 train: setup
 	bash runners/make_train.sh "$(MODEL)" "$(CONFIG)"

@@ -58,3 +58,17 @@ def _remove_late_shm_buffers() -> Iterator[None]:
     before = {p.name for p in SHM_DIR.glob(PATTERN)}
     yield
     _remove_unmapped(before)
+
+
+# Whole files go to the two workers (``--dist loadfile``) in collection order (``--no-loadscope-reorder``, set by
+# the Makefile): the launcher files, a few tests of 20-150 s each, go first, so the short unit tests fill the gaps at
+# the end. xdist's default order (most tests first) left them last, one worker running them alone for minutes.
+FILE_ORDER = ("launcher", "hf", "distributed", "unit")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        folder = item.path.parent.name
+        return FILE_ORDER.index(folder) if folder in FILE_ORDER else len(FILE_ORDER)
+
+    items.sort(key=rank)      # stable: each file's tests keep their order

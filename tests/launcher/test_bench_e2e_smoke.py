@@ -32,17 +32,3 @@ def test_bench_e2e_smoke(tmp_path) -> None:
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
         "bytes_per_step.png", "cf_vs_step.png", "loss_vs_wall.png", "step_breakdown.png"]
 
-
-@pytest.mark.launcher
-def test_a_second_invocation_into_a_directory_keeps_the_first_ones_systems(tmp_path) -> None:
-    """A step-time table made in two invocations (the static systems for 40 steps, post-local SGD for 70) into one
-    directory: meta.json must keep the first invocation's systems, or every report reading it loses them while
-    their steps stay on disk (it did, without --checkpoint-every)."""
-    from ds_gravac_bench.e2e import main
-    common = ["run", "--model", "tiny_cnn", "--rate", "loopback", "--steps", "3", "--micro-batch", "4",
-              "--runner-extra=--eval-every -1", "--out", str(tmp_path)]
-    main([*common, "--systems", "ds_dense"])
-    main([*common, "--systems", "ddp_bf16"])
-    systems = json.loads((tmp_path / "meta.json").read_text())["systems"]
-    assert set(systems) == {"ds_dense", "ddp_bf16"}
-    assert all(m["returncode"] == 0 for m in systems.values())
