@@ -1,7 +1,7 @@
 """Suite-wide hygiene: DeepSpeed's CPU comm op leaves a ~69 MB /dev/shm buffer per rank for every single-node
 launch on a new port (ds_gravac/integration/shm_buffer.py). Launches that fail before ``ds_gravac.attach``
 releases the name would fill the RAM-backed tmpfs over a full suite, so after each test the buffers it created
-and no live process maps are removed. Under ``pytest -n 2`` another worker's launch may be creating its buffers
+and no live process maps are removed. Under xdist (``make test``) another worker's launch may be creating its buffers
 right then (created by ``shm_open``, mapped a moment later): only buffers older than ``MIN_AGE_S`` are removed, and
 a younger leak is caught by a later test or at the end of the session."""
 from __future__ import annotations
@@ -60,7 +60,7 @@ def _remove_late_shm_buffers() -> Iterator[None]:
     _remove_unmapped(before)
 
 
-# Whole files go to the two workers (``--dist loadfile``) in collection order (``--no-loadscope-reorder``, set by
+# Whole files go to the xdist workers (``--dist loadfile``) in collection order (``--no-loadscope-reorder``, set by
 # the Makefile): the launcher files, a few tests of 20-150 s each, go first, so the short unit tests fill the gaps at
 # the end. xdist's default order (most tests first) left them last, one worker running them alone for minutes.
 FILE_ORDER = ("launcher", "hf", "distributed", "unit")

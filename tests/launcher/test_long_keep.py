@@ -1,12 +1,13 @@
 """A long table continued on another machine: ``long_keep run`` keeps a seed's report and its dense run after every
 system, ``restore`` writes that dense run into a new directory, ``fidelity run`` there trains only the missing
 systems, and their rows equal the rows the original directory gave the same systems (mlp_screen, a few steps, the
-real deepspeed launcher)."""
+real deepspeed launcher). The first directory also holds a shipped-style config file given as ``cfg:<file>``: the
+fidelity benchmark's report compares it with dense at equal steps."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import pytest
 
@@ -18,11 +19,38 @@ from ds_gravac_bench.long_keep import restore, save
 
 pytestmark = pytest.mark.launcher
 
+ROOT = Path(__file__).resolve().parents[2]
 COMPARED = ("final_loss", "dense_loss", "gap", "bytes_ratio", "steps_to_target", "steps_to_top1", "eval", "peak",
             "quiet_steps", "section_hash", "verdict")
-
-
 ARGS = ["--task", "mlp_screen", "--steps", "4", "--micro-batch", "8", "--checkpoint-every", "2", "--seed", "5"]
+SECTION = {"mode": "static", "compressor": {"type": "powersgd", "params": {"rank": 16}}, "min_compress_numel": 16384}
+
+
+class FirstRun(NamedTuple):
+    run_dir: Path
+    kept: Path
+    saved: list[list[str]]     # the systems each save kept, in order
+
+
+@pytest.fixture(scope="module")
+def first(tmp_path_factory: pytest.TempPathFactory) -> FirstRun:
+    """``long_keep run`` of dense, a config file (``cfg:``) and the defaults, recording every save."""
+    tmp = tmp_path_factory.mktemp("long_keep")
+    cfg = tmp / "mlp_lowrank.json"
+    dense = json.loads((ROOT / "ds_configs" / "mlp_dense.json").read_text())
+    cfg.write_text(json.dumps({**{k: v for k, v in dense.items() if k != "gravac"}, "gravac": SECTION}))
+    saved: list[list[str]] = []
+
+    def recording(run_dir: Path, into: Path, clusters: Optional[dict] = None) -> dict:
+        table = save(run_dir, into, clusters)
+        saved.append(sorted(r["id"] for r in table["systems"]))
+        return table
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(long_keep, "save", recording)
+        long_keep.main(["run", "--keep", str(tmp / "kept"), *ARGS, "--systems", f"ds_dense,cfg:{cfg},gv_default",
+                        "--out", str(tmp / "first")])
+    return FirstRun(tmp / "first", tmp / "kept", saved)
 
 
 def _losses(run_dir: Path, sid: str) -> list[float]:
@@ -34,31 +62,38 @@ def _rows(table: dict) -> dict[str, dict]:
     return {r["id"]: {k: r.get(k) for k in COMPARED} for r in table["systems"]}
 
 
-def test_a_kept_seed_continues_in_a_new_directory_against_the_same_dense_run(tmp_path: Path,
-                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    first, kept, second = tmp_path / "first", tmp_path / "kept", tmp_path / "second"
-    saved: list[list[str]] = []
+def test_a_config_file_is_compared_with_dense_at_equal_steps(first: FirstRun) -> None:
+    out = first.run_dir
+    assert json.loads((out / "meta.json").read_text())["runner_extra"][-2:] == ["--seed", "5"]
+    fidelity(["report", str(out)])
+    res = json.loads((out / "fidelity.json").read_text())
+    rows = {r["id"]: r for r in res["systems"]}
+    assert set(rows) == {"ds_dense", "ddp_dense", "mlp_lowrank", "gv_default"} and res["reference"] == "ds_dense"
+    mine, dense = rows["mlp_lowrank"], rows["ds_dense"]
+    assert mine["family"] == "low-rank" and mine["steps"] == dense["steps"] == 4
+    assert 0 < mine["bytes_ratio"] < 0.5 and dense["bytes_ratio"] == 1.0
+    steps = [json.loads(x) for x in (out / "systems" / "ds_dense" / "steps.jsonl").read_text().splitlines()]
+    assert dense["final_loss"] != steps[-1]["loss"] or len(steps) == 1      # smoothed, not the raw last loss
+    assert "| mlp_lowrank | low-rank |" in (out / "fidelity.md").read_text()
+    assert (out / "plots" / "loss_vs_step.png").stat().st_size > 0
+    assert json.loads((out / "configs" / "mlp_lowrank.json").read_text())["gravac"] == SECTION
 
-    def recording(run_dir: Path, into: Path, clusters: Optional[dict] = None) -> dict:
-        table = save(run_dir, into, clusters)
-        saved.append(sorted(r["id"] for r in table["systems"]))
-        return table
 
-    monkeypatch.setattr(long_keep, "save", recording)
-    long_keep.main(["run", "--keep", str(kept), *ARGS, "--systems", "ds_dense,gv_topk_100,gv_default",
-                    "--out", str(first)])
+def test_a_kept_seed_continues_in_a_new_directory_against_the_same_dense_run(first: FirstRun,
+                                                                             tmp_path: Path) -> None:
+    kept, second = first.kept, tmp_path / "second"
     # kept after every system, not only at the end (a long invocation may never reach its end)
-    assert saved == [["ddp_dense", "ds_dense"], ["ddp_dense", "ds_dense", "gv_topk_100"],
-                     ["ddp_dense", "ds_dense", "gv_default", "gv_topk_100"]]
+    assert first.saved == [["ddp_dense", "ds_dense"], ["ddp_dense", "ds_dense", "mlp_lowrank"],
+                           ["ddp_dense", "ds_dense", "gv_default", "mlp_lowrank"]]
     kept_report = json.loads((kept / "fidelity.json").read_text())
     original = _rows(kept_report)
-    assert original == _rows(build([first], {}))                             # the run directory's own report
+    assert original == _rows(build([first.run_dir], {}))                    # the run directory's own report
     assert original["ds_dense"]["eval"].get("eval/top1") is not None        # the held-out evaluation is kept too
     assert not any(p.startswith("/") for p in kept_report["runs"])         # no path of the machine that ran it
 
     # on another machine: the dense run restored, one system still missing
     assert restore(kept, second) == "ds_dense"
-    assert _losses(second, "ds_dense") == _losses(first, "ds_dense")          # bit for bit
+    assert _losses(second, "ds_dense") == _losses(first.run_dir, "ds_dense")   # bit for bit
     with pytest.raises(SystemExit, match="already holds runs"):
         restore(kept, second)
     timed = {"100mbit": {"time_s": 12.5}}                                    # as if a cluster run had timed dense
@@ -68,6 +103,7 @@ def test_a_kept_seed_continues_in_a_new_directory_against_the_same_dense_run(tmp
     first_meta = json.loads((kept / "reference.json").read_text())["meta"]
     fidelity(["run", *ARGS, "--systems", "ds_dense,gv_default", "--out", str(second)])
     assert not (second / "systems" / "ds_dense" / "ckpt").exists()          # dense was not trained again
+    assert "| gv_default |" in (second / "fidelity.md").read_text()         # `fidelity run` writes its report
 
     table = save(second, kept)
     merged = _rows(table)
