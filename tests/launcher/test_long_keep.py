@@ -62,21 +62,21 @@ def _rows(table: dict) -> dict[str, dict]:
     return {r["id"]: {k: r.get(k) for k in COMPARED} for r in table["systems"]}
 
 
-def test_a_config_file_is_compared_with_dense_at_equal_steps(first: FirstRun) -> None:
-    out = first.run_dir
-    assert json.loads((out / "meta.json").read_text())["runner_extra"][-2:] == ["--seed", "5"]
-    fidelity(["report", str(out)])
+def test_a_config_file_is_compared_with_dense_at_equal_steps(first: FirstRun, tmp_path: Path) -> None:
+    run_dir, out = first.run_dir, tmp_path          # the report goes here: the shared run directory stays as run
+    assert json.loads((run_dir / "meta.json").read_text())["runner_extra"][-2:] == ["--seed", "5"]
+    fidelity(["report", str(run_dir), "--out", str(out)])
     res = json.loads((out / "fidelity.json").read_text())
     rows = {r["id"]: r for r in res["systems"]}
     assert set(rows) == {"ds_dense", "ddp_dense", "mlp_lowrank", "gv_default"} and res["reference"] == "ds_dense"
     mine, dense = rows["mlp_lowrank"], rows["ds_dense"]
     assert mine["family"] == "low-rank" and mine["steps"] == dense["steps"] == 4
     assert 0 < mine["bytes_ratio"] < 0.5 and dense["bytes_ratio"] == 1.0
-    steps = [json.loads(x) for x in (out / "systems" / "ds_dense" / "steps.jsonl").read_text().splitlines()]
+    steps = [json.loads(x) for x in (run_dir / "systems" / "ds_dense" / "steps.jsonl").read_text().splitlines()]
     assert dense["final_loss"] != steps[-1]["loss"] or len(steps) == 1      # smoothed, not the raw last loss
     assert "| mlp_lowrank | low-rank |" in (out / "fidelity.md").read_text()
     assert (out / "plots" / "loss_vs_step.png").stat().st_size > 0
-    assert json.loads((out / "configs" / "mlp_lowrank.json").read_text())["gravac"] == SECTION
+    assert json.loads((run_dir / "configs" / "mlp_lowrank.json").read_text())["gravac"] == SECTION
 
 
 def test_a_kept_seed_continues_in_a_new_directory_against_the_same_dense_run(first: FirstRun,
