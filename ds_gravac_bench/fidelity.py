@@ -12,7 +12,8 @@ dense's target (dense's smoothed loss at 75% of the budget), and — from ``benc
 its time to that target at each link rate: steps to target × the system's median step time there (a static system
 with ``warmup_steps`` dense steps: those at its cluster run's dense step, the rest at its compressed step). A
 controller (GraVAC, Accordion, auto) changes its level over training, and GraVAC and auto decide from the measured
-link, so its row at a rate is its own cluster run (loss and time) when that run exists.
+link, so its row at a rate is its own cluster run (loss and time) when that run exists, with the baseline's step
+measured after it in the same invocation (:mod:`ds_gravac_bench.fidelity_reference`).
 
 Systems are ``bench_e2e`` matrix ids (``gv_powersgd_r16``, ``gv_topk_100@cf=50``) or shipped config files
 (``cfg:ds_configs/resnet101_recommended.json``), whose non-``"gravac"`` keys must equal the task's dense config.
@@ -27,6 +28,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from ds_gravac_bench.fidelity_judge import RISE_TOLERANCE, judged
 from ds_gravac_bench.fidelity_output import NOISE_CONTROL, markdown, plots
+from ds_gravac_bench.fidelity_reference import REFERENCE_STEPS, needs_reference, reference_opts, reference_step
 from ds_gravac_bench.fidelity_runs import SAME_SETTINGS, as_paths, cluster_runs, load_dirs, match_key
 from ds_gravac_bench.fidelity_time import adaptive, first_eval_reach, first_reach, quiet_counts, time_at_rate
 from ds_gravac_bench.gravac_label import system_label
@@ -119,7 +121,11 @@ def run(opts: argparse.Namespace, after_system: Optional[Callable[[Path, str], N
                              runner_extra=(*task.runner_extra, "--seed", str(opts.seed)),
                              fidelity={"task": opts.task, "seed": opts.seed, "target_fraction": task.target_fraction,
                                        "top1_margin": task.top1_margin})
-    return run_matrix(e2e, after_system)
+    out = run_matrix(e2e, after_system)
+    steps = getattr(opts, "reference_steps", 0)
+    if rate != "loopback" and steps and needs_reference(e2e.systems):   # the baseline's step beside the others'
+        run_matrix(reference_opts(e2e, steps), after_system and (lambda _dir, sid: after_system(out, sid)))
+    return out
 
 
 # ---- report -------------------------------------------------------------------------------------------------
@@ -245,6 +251,7 @@ def _trained_at_rate(rate: str, paths: list[Path], meta: dict[str, Any], rows: l
     out = []
     for path in paths:
         cmeta, ccurves, csections = load_dirs([path])
+        reference = reference_step(path)
         for sid, c in ccurves.items():
             section = csections[sid]
             if not adaptive(section) or sid in have or match_key(sid, section) in have or not c["smoothed"]:
@@ -259,8 +266,8 @@ def _trained_at_rate(rate: str, paths: list[Path], meta: dict[str, Any], rows: l
                        section_hash=f"{row['section_hash']}@{rate}")
             row["rates"] = {r: {"step_s": None, "time_s": None, "top1_time_s": None, "source": f"trained at {rate}"}
                             for r in rates}
-            row["rates"][rate] = time_at_rate(c, row["steps_to_target"], section, targets[1], row["steps_to_top1"],
-                                              targets[2])
+            row["rates"][rate] = {**time_at_rate(c, row["steps_to_target"], section, targets[1],
+                                                 row["steps_to_top1"], targets[2]), "reference": reference}
             have.add(match_key(sid, section))
             out.append(row)
     return out
@@ -358,6 +365,9 @@ def add_run_arguments(r: argparse.ArgumentParser) -> None:
     r.add_argument("--rate", default="loopback",
                    help="loopback (loss per step), or a tc rate of the emulated cluster (1gbit, 100mbit): a "
                         "controller's whole run at that rate, loss and time (docs/BENCHMARKS_LONG.md)")
+    r.add_argument("--reference-steps", type=int, default=REFERENCE_STEPS, metavar="N",
+                   help="with --rate: then N steps of ddp_bf16 at the same rate into <out>/reference, the step its "
+                        "rows' ratios use (0: none)")
     r.add_argument("--tag", type=int, default=3, help="the emulated cluster's namespace tag (gvc<T>-…)")
     r.add_argument("--cluster", action="append", type=cluster_arg, default=[], metavar="RATE=DIR")
 

@@ -7,6 +7,9 @@ time is to the held-out target where the task sets one (top-1: dense's final min
 target; a ratio above 1 is sooner than DDP + bf16. A system that missed the target on some seed has no mean time
 and no ratio ("–"), and a row of a controller trained at one rate has figures at that rate only.
 
+A controller's own cluster run that measured the baseline's step beside it (:mod:`ds_gravac_bench.fidelity_reference`)
+is divided by the baseline's mean steps to target × that step: both sides of the ratio from one invocation.
+
 With step times measured in rounds (``fidelity_seeds --rounds RATE=FILE``), a static row's cell also gives the
 ratio paired within each round — both systems' median step of that round, each times its mean steps to target —
 as min–max: the step-time noise floor beside the ratio; a range that holds 1 is no difference.
@@ -37,14 +40,20 @@ def _times(row: dict[str, Any], held_out: bool) -> dict[str, Optional[float]]:
 
 
 def ratios(res: dict[str, Any]) -> dict[str, dict[str, Optional[float]]]:
-    """System id → rate → the baseline's mean time to target over the system's (None where either is missing)."""
+    """System id → rate → the baseline's mean time to target over the system's (None where either is missing). A
+    row that carries the baseline's step measured beside its own run (``reference_step_s``) is divided by the
+    baseline's mean steps to target × that step, not by the baseline's kept time."""
     held_out = _held_out(res)
     base = next((r for r in res["systems"] if r["id"] == BASELINE), None)
     base_t = _times(base, held_out) if base else {}
+    base_steps = _mean_steps(base, held_out) if base else None
     out = {}
     for r in res["systems"]:
-        mine = _times(r, held_out)
-        out[r["id"]] = {rate: base_t.get(rate) / t if t and base_t.get(rate) else None for rate, t in mine.items()}
+        beside = r.get("reference_step_s") or {}
+        theirs = {rate: base_steps * beside[rate] if rate in beside and base_steps else base_t.get(rate)
+                  for rate in _times(r, held_out)}
+        out[r["id"]] = {rate: theirs[rate] / t if t and theirs[rate] else None
+                        for rate, t in _times(r, held_out).items()}
     return out
 
 
@@ -81,13 +90,15 @@ def _metric(row: dict[str, Any]) -> str:
     return "–" if row.get("ppl") is None else f"ppl {row['ppl']:.1f}"
 
 
-def _cell(t: Optional[float], x: Optional[float], paired: Optional[tuple[float, float, float]] = None) -> str:
+def _cell(t: Optional[float], x: Optional[float], paired: Optional[tuple[float, float, float]] = None,
+          beside: Optional[float] = None) -> str:
     if t is None:
         return "–"
     if not x:
         return f"{t:.0f} s"
     rounds = f"; rounds {paired[0]:.2f}–{paired[2]:.2f}×" if paired else ""
-    return f"{t:.0f} s ({x:.2f}×{rounds})"
+    step = f"; {BASELINE} beside it {beside:.3f} s" if beside else ""
+    return f"{t:.0f} s ({x:.2f}×{rounds}{step})"
 
 
 def lead_markdown(res: dict[str, Any]) -> str:
@@ -101,13 +112,15 @@ def lead_markdown(res: dict[str, Any]) -> str:
     head += [metric, "top-1 − dense, points" if held_out else "gap of the means", "bytes / dense", "bounds"]
     n = len(res["seeds"])
     lines = [f"# {res['model']}, {res['steps']} steps, 2 ranks, {n} paired seed{'s' * (n != 1)}", "",
-             f"Ratios: {BASELINE}'s mean time to the {target} over the system's (above 1: sooner)."
+             f"Ratios: {BASELINE}'s mean time to the {target} over the system's (above 1: sooner); \"{BASELINE} "
+             f"beside it\": a controller's own run, against {BASELINE}'s steps × its step measured in that invocation."
              + (f" Noise floor ({NOISE_CONTROL}): top-1 − dense {_pm(floor.get('top1_diff'))} points."
                 if floor and floor.get("top1_diff") else ""), "",
              *_rounds_note(res), "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in res["systems"]:
         cells = [r["id"], r["family"]] + [_cell(_times(r, held_out).get(rate), vs[r["id"]].get(rate),
-                                                paired.get(r["id"], {}).get(rate)) for rate in rates]
+                                                paired.get(r["id"], {}).get(rate),
+                                                (r.get("reference_step_s") or {}).get(rate)) for rate in rates]
         diff = _pm(r.get("top1_diff")) if held_out else f"{100 * r['gap']:+.1f}%"
         bytes_cell = "–" if r.get("bytes_ratio") is None else f"{r['bytes_ratio']:.3f}"
         lines.append("| " + " | ".join(cells + [_metric(r), diff, bytes_cell, r["verdict"]]) + " |")

@@ -135,6 +135,15 @@ def _mean_times(per: Sequence[dict[str, Any]]) -> dict[str, Optional[float]]:
     return {rate: _mean([r.get("rates", {}).get(rate, {}).get("time_s") for r in per]) for rate in sorted(rates)}
 
 
+def _reference_steps(per: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Rate → the mean over the seeds of the baseline's step measured beside a controller's own run there
+    (:mod:`ds_gravac_bench.fidelity_reference`); a rate where some seed has none is left out."""
+    rates = set().union(*(r.get("rates", {}) for r in per))
+    steps = {rate: _mean([(r.get("rates", {}).get(rate, {}).get("reference") or {}).get("step_s") for r in per])
+             for rate in sorted(rates)}
+    return {rate: s for rate, s in steps.items() if s is not None}
+
+
 def combine(seeds: Sequence[Sequence[Path]], clusters: Optional[dict[str, list[Path]]] = None,
             rounds: Optional[dict[str, Path]] = None) -> dict[str, Any]:
     """Per-system figures of every seed and their means; a system counts only where every seed ran it. ``rounds``:
@@ -163,7 +172,8 @@ def combine(seeds: Sequence[Sequence[Path]], clusters: Optional[dict[str, list[P
                "final_loss": final, "dense_loss": dense_final, "gap": final / dense_final - 1.0,
                "top1": top1, "dense_top1": dense_top1, "ppl": ppl, "dense_ppl": dense_ppl,
                "bytes_ratio": _mean([r["bytes_ratio"] for r in per]), "rises": any(r["rises"] for r in per),
-               "time_s": _mean_times(per), "dense_time_s": _mean_times(dense)}
+               "time_s": _mean_times(per), "dense_time_s": _mean_times(dense),
+               "reference_step_s": _reference_steps(per)}
         row["speedup"] = {rate: row["dense_time_s"].get(rate) / t if t and row["dense_time_s"].get(rate) else None
                           for rate, t in row["time_s"].items()}
         row["one_step"] = {rate: all(r.get("rates", {}).get(rate, {}).get("source") == ONE_STEP for r in per)
