@@ -24,11 +24,12 @@ def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Every system of this file trained once: the dense pair, then the others in a second invocation."""
     from ds_gravac_bench.e2e import main
 
-    out = tmp_path_factory.mktemp("baselines")
+    out = tmp_path_factory.mktemp("baselines") / "run"      # beside it: the first invocation's records
     extra = " ".join((*SCHEDULE, "--eval-every", "2", "--eval-batches", "2", "--final-eval-batches", "3"))
     common = ["run", "--model", "tiny_cnn", "--rate", "loopback", "--steps", str(STEPS), "--micro-batch", "8",
               "--timeout", "240", f"--runner-extra={extra}", "--out", str(out)]
     main([*common, "--systems", ",".join(FIRST)])
+    (out.parent / "first_systems.json").write_text(json.dumps(json.loads((out / "meta.json").read_text())["systems"]))
     main([*common, "--systems", ",".join(SECOND)])
     return out
 
@@ -48,6 +49,8 @@ def test_a_second_invocation_into_a_directory_keeps_the_first_ones_systems(out: 
     systems = json.loads((out / "meta.json").read_text())["systems"]
     assert set(systems) == {*FIRST, *SECOND}
     assert all(m["returncode"] == 0 for m in systems.values())
+    first = json.loads((out.parent / "first_systems.json").read_text())
+    assert {sid: systems[sid] for sid in FIRST} == first         # each record exactly as its invocation wrote it
 
 
 def _ring_bytes() -> float:
