@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from ds_gravac_bench.fidelity_args import cluster_arg, clusters_of
 from ds_gravac_bench.fidelity_judge import RISE_TOLERANCE, judged
 from ds_gravac_bench.fidelity_output import NOISE_CONTROL, markdown, plots
 from ds_gravac_bench.fidelity_reference import REFERENCE_STEPS, needs_reference, reference_opts, reference_step
@@ -322,33 +323,6 @@ def report(dirs: Sequence[Path], clusters: dict[str, list[Path]], out: Path) -> 
     return res
 
 
-def cluster_arg(value: str) -> tuple[str, list[Path]]:
-    """``RATE=DIR[,DIR...]``: bench_e2e outputs on the emulated cluster at one rate."""
-    rate, sep, paths = value.partition("=")
-    dirs = [Path(p) for p in paths.split(",") if p]
-    missing = [str(d) for d in dirs if not (d / "meta.json").exists()]
-    if not sep or not rate or not dirs or missing:
-        raise argparse.ArgumentTypeError(f"expected RATE=DIR[,DIR...] with each DIR a bench_e2e output (meta.json), "
-                                         f"got {value!r}" + (f" ({', '.join(missing)}: no meta.json)" if missing else ""))
-    return rate, dirs
-
-
-def rate_file_arg(value: str) -> tuple[str, Path]:
-    """``RATE=FILE``: a ``step_times`` output measured at one rate."""
-    rate, sep, path = value.partition("=")
-    if not sep or not rate or not Path(path).is_file():
-        raise argparse.ArgumentTypeError(f"expected RATE=FILE with FILE a step_times output, got {value!r}")
-    return rate, Path(path)
-
-
-def clusters_of(args: Sequence[tuple[str, list[Path]]]) -> dict[str, list[Path]]:
-    """Repeated ``--cluster`` arguments of one rate merge."""
-    clusters: dict[str, list[Path]] = {}
-    for rate, paths in args:
-        clusters.setdefault(rate, []).extend(paths)
-    return clusters
-
-
 def add_run_arguments(r: argparse.ArgumentParser) -> None:
     """The options of ``fidelity run`` (``long_keep run`` takes the same)."""
     r.add_argument("--task", choices=sorted(TASKS), default="resnet101")
@@ -372,6 +346,13 @@ def add_run_arguments(r: argparse.ArgumentParser) -> None:
     r.add_argument("--cluster", action="append", type=cluster_arg, default=[], metavar="RATE=DIR")
 
 
+def _has_dense(path: Path) -> bool:
+    """Whether a run directory holds a dense system to judge its others against (a cluster run of controllers
+    does not: its rows are judged against the seed's loopback run)."""
+    _, curves, sections = load_dirs([path])
+    return any(sid == "ds_dense" or _family(sections[sid]) == "dense" for sid in curves)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -386,6 +367,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     p.add_argument("--out", default=None, help="where fidelity.md/json and plots go (default: the first dir)")
     opts = parser.parse_args(argv)
     dirs = [run(opts)] if opts.cmd == "run" else [Path(d) for d in opts.dirs]
+    if opts.cmd == "run" and opts.rate != "loopback" and not _has_dense(dirs[0]):
+        print(f"[fidelity] {shown_path(dirs[0])}: trained at {opts.rate}; judge it against the seed's loopback run: "
+              f"python -m ds_gravac_bench.fidelity report <loopback dir> --cluster {opts.rate}={shown_path(dirs[0])}")
+        return
     clusters = clusters_of(opts.cluster)
     res = report(dirs, clusters, Path(getattr(opts, "out", None) or dirs[0]))
     print(markdown(res))

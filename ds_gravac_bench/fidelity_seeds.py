@@ -27,7 +27,8 @@ import statistics
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from ds_gravac_bench.fidelity import build, cluster_arg, clusters_of, noise_floor, rate_file_arg
+from ds_gravac_bench.fidelity import build, noise_floor
+from ds_gravac_bench.fidelity_args import cluster_arg, clusters_of, rate_file_arg
 from ds_gravac_bench.fidelity_judge import judged
 from ds_gravac_bench.fidelity_runs import cluster_runs, load_dirs, match_key
 from ds_gravac_bench.fidelity_lead import lead_markdown

@@ -19,7 +19,8 @@ import json
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from ds_gravac_bench.fidelity import TASKS, cluster_arg, clusters_of
+from ds_gravac_bench.fidelity import TASKS
+from ds_gravac_bench.fidelity_args import cluster_arg, clusters_of
 from ds_gravac_bench.fidelity_seeds import combine
 
 COMPRESSED = ("sparsification", "low-rank", "quantization")

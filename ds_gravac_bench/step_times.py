@@ -23,7 +23,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from ds_gravac_bench.fidelity import cluster_arg
+from ds_gravac_bench.fidelity_args import cluster_arg
 from ds_gravac_bench.keep import strip_paths
 
 

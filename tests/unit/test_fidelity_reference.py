@@ -74,3 +74,20 @@ def test_a_controller_row_is_divided_by_the_baseline_step_measured_beside_it(tmp
     assert vs["ddp_bf16"]["1gbit"] == pytest.approx(1.0)
     md = lead_markdown(combined)
     assert "| 30 s (2.00×; ddp_bf16 beside it 0.800 s) |" in md
+
+
+def test_a_run_of_controllers_at_a_rate_ends_with_how_to_judge_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """``fidelity run --rate`` trains controllers only: their directory holds no dense run, so instead of failing on
+    a report it cannot make, it names the command that judges them against the seed's loopback run."""
+    import ds_gravac_bench.fidelity as fidelity
+
+    cluster = _write_run(tmp_path / "c1g", "mlp", {"gv_auto": {"loss": DENSE, "time": 0.4, "bytes": 10.0,
+                                                               "gravac": AUTO}})
+    monkeypatch.setattr(fidelity, "run", lambda opts, after_system=None: cluster)
+    fidelity.main(["run", "--task", "mlp", "--rate", "1gbit"])
+    assert "fidelity report <loopback dir> --cluster 1gbit=" in capsys.readouterr().out
+    with_dense = _write_run(tmp_path / "steps", "mlp", {"ds_dense": {"loss": DENSE, "time": 1.0, "bytes": 1000.0}})
+    monkeypatch.setattr(fidelity, "run", lambda opts, after_system=None: with_dense)
+    fidelity.main(["run", "--task", "mlp", "--rate", "1gbit"])          # a step-time table with dense: its report
+    assert (with_dense / "fidelity.md").is_file()

@@ -168,7 +168,7 @@ def test_rows_carry_a_hash_of_what_they_train(tmp_path: Path) -> None:
 def test_cluster_argument_takes_several_directories(tmp_path: Path) -> None:
     import argparse
 
-    from ds_gravac_bench.fidelity import cluster_arg, clusters_of
+    from ds_gravac_bench.fidelity_args import cluster_arg, clusters_of
 
     a = _write_run(tmp_path / "a", "mlp", {"ds_dense": {"loss": DENSE, "time": 1.0, "bytes": 1.0, "gravac": None}})
     b = _write_run(tmp_path / "b", "mlp", {"ds_dense": {"loss": DENSE, "time": 1.0, "bytes": 1.0, "gravac": None}})
