@@ -154,8 +154,9 @@ def local_sgd_lines(res: dict[str, Any]) -> list[str]:
     if not local or not compressed:
         return []
     floor = steps_floor(res)
+    said = "noise floor unknown: no jitter control" if floor is None else f"noise floor ±{100 * floor:.0f}%"
     out = ["", "Post-local SGD against compression (time to the " + ("held-out" if held_out else "loss") + " target; "
-           + ("noise floor unknown: no jitter control" if floor is None else f"noise floor ±{100 * floor:.0f}%") + "):"]
+           + said + "):"]
     for rate in sorted({rate for r in local for rate in _times(r, held_out)}):
         timed = [(t, r["id"]) for r in local if (t := _times(r, held_out).get(rate))]
         if not timed:
@@ -163,7 +164,7 @@ def local_sgd_lines(res: dict[str, Any]) -> list[str]:
             continue
         best_t, best = min(timed)
         verdicts = [f"`{r['id']}` {_against(best_t, _times(r, held_out).get(rate), floor)}" for r in compressed
-                    if rate in _times(r, held_out)]
+                    if rate in _times(r, held_out) and r.get("trained_at") in (None, rate)]   # not another rate's run
         out.append(f"- {rate}: `{best}` ({best_t:.0f} s) against " + "; ".join(verdicts))
     return out
 

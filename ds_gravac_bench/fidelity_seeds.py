@@ -167,6 +167,7 @@ def combine(seeds: Sequence[Sequence[Path]], clusters: Optional[dict[str, list[P
         ppl = _mean([r["eval"].get("eval/ppl") for r in per])
         dense_ppl = _mean([d["eval"].get("eval/ppl") for d in dense])
         row = {"id": sid, "also": sorted({r["id"] for r in per} - {sid}), "family": per[0]["family"],
+               "trained_at": per[0].get("trained_at"),
                "adaptive": per[0].get("adaptive", False), "gaps": [r["gap"] for r in per],
                "steps_to_target": [r["steps_to_target"] for r in per],
                "dense_steps_to_target": [d["steps_to_target"] for d in dense],
