@@ -4,8 +4,9 @@ Why: a controller's row at a rate is its own cluster run, timed by the machine o
 divides the baseline's time to target by it. The baseline's kept step may come from another session, and one
 system's step moves 15–27% between invocations here (docs/BENCHMARKS.md), more than the ratios we judge. So
 ``fidelity run --rate R`` ends with a short run of the baseline (``ddp_bf16``) at the same rate into
-``<out>/reference/`` (unless it trained the baseline itself); the controllers' rows read its median step, and the leading table prices the baseline's
-loopback steps to target with it for those rows: both sides of their ratio measured side by side.
+``<out>/reference/`` (unless it trained the baseline itself); the controllers' rows read its median step, and the
+leading table prices the baseline's loopback steps to target with it for those rows: both sides of their ratio
+measured side by side.
 """
 from __future__ import annotations
 

@@ -21,10 +21,9 @@ from typing import Any, Optional, Sequence
 
 from ds_gravac_bench.fidelity import TASKS
 from ds_gravac_bench.fidelity_args import cluster_arg, clusters_of
+from ds_gravac_bench.fidelity_lead import COMPRESSED, LOCAL_SGD   # post-local SGD's period: tuned as a level is
 from ds_gravac_bench.fidelity_seeds import combine
 
-COMPRESSED = ("sparsification", "low-rank", "quantization")
-LOCAL_SGD = "ddp_localsgd"      # post-local SGD's period is tuned as a family's level is
 
 
 def runs_cost(dirs: Sequence[Path]) -> dict[str, float]:
