@@ -16,7 +16,8 @@ as min–max: the step-time noise floor beside the ratio; a range that holds 1 i
 
 Below it, per rate, where post-local SGD (its best period there) is sooner than each compressed system and where it
 is not, judged against the noise floor in steps to target (the jitter control's mean relative difference to dense):
-a difference inside it is "no difference".
+a difference inside it is "no difference". A controller's own run with the baseline beside it is compared through the
+two ratios against the baseline, never through seconds of two invocations.
 """
 from __future__ import annotations
 
@@ -153,7 +154,7 @@ def local_sgd_lines(res: dict[str, Any]) -> list[str]:
     compressed = [r for r in res["systems"] if r["family"] in COMPRESSED]
     if not local or not compressed:
         return []
-    floor = steps_floor(res)
+    floor, vs = steps_floor(res), ratios(res)
     said = "noise floor unknown: no jitter control" if floor is None else f"noise floor ±{100 * floor:.0f}%"
     out = ["", "Post-local SGD against compression (time to the " + ("held-out" if held_out else "loss") + " target; "
            + said + "):"]
@@ -163,23 +164,37 @@ def local_sgd_lines(res: dict[str, Any]) -> list[str]:
             out.append(f"- {rate}: post-local SGD never reached the target")
             continue
         best_t, best = min(timed)
-        verdicts = [f"`{r['id']}` {_against(best_t, _times(r, held_out).get(rate), floor)}" for r in compressed
+        verdicts = [f"`{r['id']}` {_against(best_t, _times(r, held_out).get(rate), floor, _beside(vs, r, best, rate))}"
+                    for r in compressed
                     if rate in _times(r, held_out) and r.get("trained_at") in (None, rate)]   # not another rate's run
         out.append(f"- {rate}: `{best}` ({best_t:.0f} s) against " + "; ".join(verdicts))
     return out
 
 
-def _against(local_t: float, t: Optional[float], floor: Optional[float]) -> str:
+def _beside(vs: dict[str, dict[str, Optional[float]]], row: dict[str, Any], local: str,
+            rate: str) -> Optional[tuple[float, float]]:
+    """(post-local SGD's ratio, the row's ratio) against the baseline when the row's ratio uses the baseline's step
+    measured beside its own run: its seconds come from another invocation than post-local SGD's, and a step moves
+    15–27% between invocations, so only the two ratios compare. None otherwise (both priced in one invocation)."""
+    if rate not in (row.get("reference_step_s") or {}):
+        return None
+    mine, theirs = vs.get(local, {}).get(rate), vs.get(row["id"], {}).get(rate)
+    return (mine, theirs) if mine and theirs else None
+
+
+def _against(local_t: float, t: Optional[float], floor: Optional[float],
+             beside: Optional[tuple[float, float]] = None) -> str:
     if t is None:
         return "(never reached the target): post-local SGD sooner"
-    x = t / local_t
+    x = beside[0] / beside[1] if beside else t / local_t
+    said = f"{t:.0f} s, {beside[1]:.2f}× {BASELINE} beside it against {beside[0]:.2f}×" if beside else f"{t:.0f} s"
     if floor is None:
-        return f"({t:.0f} s, {x:.2f}× post-local SGD's time): undecided without a floor"
+        return f"({said}, {x:.2f}× post-local SGD's time): undecided without a floor"
     if x > 1 + floor:
-        return f"({t:.0f} s): post-local SGD {x:.2f}× sooner"
+        return f"({said}): post-local SGD {x:.2f}× sooner"
     if x < 1 / (1 + floor):
-        return f"({t:.0f} s): compression {1 / x:.2f}× sooner"
-    return f"({t:.0f} s): no difference"
+        return f"({said}): compression {1 / x:.2f}× sooner"
+    return f"({said}): no difference"
 
 
 def _pm(spread: Optional[dict[str, float]]) -> str:

@@ -135,6 +135,29 @@ def test_the_leading_table_says_where_post_local_sgd_beats_compression_beside_th
     assert "noise floor ±20%" in lead_markdown(res)
 
 
+def test_post_local_sgd_meets_a_controllers_own_run_through_their_ratios_to_the_baseline(tmp_path: Path) -> None:
+    """At 1 Gbit/s the step-time table prices ddp_bf16 at 200 s to the held-out target and post-local SGD at 160 s
+    (1.25× sooner). A controller's own run, another invocation, takes 150 s; ddp_bf16 measured beside it steps in
+    0.4 s, 400 × 0.4 = 160 s, so it is 160 / 150 = 1.067× sooner. Seconds would say 150 against 160 s, inside the
+    ±10% floor; the ratios say post-local SGD is 1.25 / 1.067 = 1.17× sooner."""
+    from ds_gravac_bench.fidelity_lead import lead_markdown
+
+    def row(sid: str, family: str, t: float, steps: int = 400) -> dict:
+        return {**_row(sid, family, 0.5, 0.5, 0.34, 200, 0.5), "steps_to_top1": steps,
+                "rates": {"1gbit": {"top1_time_s": t}}}
+    auto = row("gv_auto at 1gbit", "low-rank", 150.0)
+    auto["rates"]["1gbit"]["reference"] = {"system": "ddp_bf16", "step_s": 0.4}
+    rows = [row("ds_dense", "dense", 400.0), row("ds_dense_jitter", "dense", 400.0, steps=440),
+            row("ddp_bf16", "baseline", 200.0), row("ddp_localsgd@period=8", "baseline", 160.0),
+            {**auto, "trained_at": "1gbit"}]
+    root = tmp_path / "a"
+    root.mkdir()
+    (root / "fidelity.json").write_text(json.dumps({"model": "resnet18", "steps": 6000, "reference": "ds_dense",
+                                                    "systems": rows}))
+    line = next(x for x in lead_markdown(combine([[root]])).splitlines() if x.startswith("- 1gbit:"))
+    assert "`gv_auto at 1gbit` (150 s, 1.07× ddp_bf16 beside it against 1.25×): post-local SGD 1.17× sooner" in line
+
+
 def test_the_leading_table_pairs_static_rows_with_the_baseline_in_each_round_of_step_times(tmp_path: Path) -> None:
     """Rounds of step times at 1 Gbit/s: DDP + bf16 0.5, 0.6, 0.55 s; a static compressor 0.4, 0.5, 0.5 s. With 4,800
     and (4,000 + 4,400) / 2 = 4,200 steps to the held-out target, the paired ratios per round are 4800·0.5 /
