@@ -125,7 +125,7 @@ def lead_markdown(res: dict[str, Any]) -> str:
         diff = _pm(r.get("top1_diff")) if held_out else f"{100 * r['gap']:+.1f}%"
         bytes_cell = "–" if r.get("bytes_ratio") is None else f"{r['bytes_ratio']:.3f}"
         lines.append("| " + " | ".join(cells + [_metric(r), diff, bytes_cell, r["verdict"]]) + " |")
-    return "\n".join(lines + local_sgd_lines(res)) + "\n"
+    return "\n".join(lines + local_sgd_lines(res, vs)) + "\n"
 
 
 def _rounds_note(res: dict[str, Any]) -> list[str]:
@@ -147,14 +147,15 @@ def steps_floor(res: dict[str, Any]) -> Optional[float]:
     return sum(abs(a / b - 1) for a, b in pairs) / len(pairs) if pairs else None
 
 
-def local_sgd_lines(res: dict[str, Any]) -> list[str]:
-    """Per rate, post-local SGD's best period (within the accuracy bounds) against every compressed row."""
+def local_sgd_lines(res: dict[str, Any], vs: dict[str, dict[str, Optional[float]]]) -> list[str]:
+    """Per rate, post-local SGD's best period (within the accuracy bounds) against every compressed row; ``vs`` is
+    :func:`ratios` of ``res``."""
     held_out = _held_out(res)
     local = [r for r in res["systems"] if r["id"].startswith(LOCAL_SGD) and r["verdict"].endswith("ok")]
     compressed = [r for r in res["systems"] if r["family"] in COMPRESSED]
     if not local or not compressed:
         return []
-    floor, vs = steps_floor(res), ratios(res)
+    floor = steps_floor(res)
     said = "noise floor unknown: no jitter control" if floor is None else f"noise floor ±{100 * floor:.0f}%"
     out = ["", "Post-local SGD against compression (time to the " + ("held-out" if held_out else "loss") + " target; "
            + said + "):"]
