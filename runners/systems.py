@@ -108,7 +108,8 @@ class System:
         pass
 
     def close(self) -> None:
-        """Release what the system attached (ds_gravac's hooks and pending exchanges) at the end of a run."""
+        """Release what the system holds (ds_gravac's hooks and pending exchanges, DDP's reducer) at the end of a
+        run, before ``shutdown`` destroys the process group."""
 
     def set_train(self, mode: bool) -> None:
         self.module.train(mode)
