@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from collections import Counter
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -34,9 +35,9 @@ def branch_of(record: Record) -> str:
 
 def departures(run: Sequence[Record], segment: Sequence[Record]) -> list[int]:
     """Steps both logged where the segment sent another branch or had another loss than the whole run."""
-    by_step = {int(r["step"]): r for r in run}
-    return [int(r["step"]) for r in segment if int(r["step"]) in by_step
-            and (branch_of(r) != branch_of(by_step[int(r["step"])]) or r["loss"] != by_step[int(r["step"])]["loss"])]
+    sent = {int(r["step"]): (branch_of(r), r["loss"]) for r in run}
+    return [int(r["step"]) for r in segment
+            if int(r["step"]) in sent and sent[int(r["step"])] != (branch_of(r), r["loss"])]
 
 
 def branch_prices(segments: Sequence[Sequence[Record]]) -> dict[str, dict[str, float]]:
@@ -53,10 +54,7 @@ def branch_prices(segments: Sequence[Sequence[Record]]) -> dict[str, dict[str, f
 def priced_time(run: Sequence[Record], upto: int, prices: dict[str, dict[str, float]]
                 ) -> tuple[Optional[float], dict[str, int]]:
     """The run's first ``upto`` steps, each at its branch's price; None when a branch they send has no price."""
-    counts: dict[str, int] = {}
-    for r in run:
-        if int(r["step"]) <= upto:
-            counts[branch_of(r)] = counts.get(branch_of(r), 0) + 1
+    counts = dict(Counter(branch_of(r) for r in run if int(r["step"]) <= upto))
     if any(b not in prices for b in counts):
         return None, counts
     return sum(n * prices[b]["step_s"] for b, n in counts.items()), counts
