@@ -24,13 +24,21 @@ from typing import Any, Optional, Sequence
 from ds_gravac_bench.fidelity_lead import BASELINE
 from ds_gravac_bench.fidelity_reference import reference_step
 from ds_gravac_bench.report import SKIP_STEPS, read_steps
+from ds_gravac_bench import step_kinds
+from ds_gravac_bench.step_kinds import KindPrice
 
 Record = dict[str, Any]
 
 
 def branch_of(record: Record) -> str:
-    """What a step sent: GraVAC's branch and the CF it sent (``dense@1``, ``min@10``, ``cand@20``)."""
-    return f"{record.get('branch', 'static')}@{float(record.get('cf_sent', 1.0)):g}"
+    """What a step sent: GraVAC's branch and the CF it sent (``dense@1``, ``min@10``, ``cand@20``). Accordion sends
+    its high CF on some layers and its low one on the rest, so its steps also name the fraction of layers at the low
+    level and the bytes sent (``cand@10 low 0.67 18.6 MB``): each layer pattern is a branch of its own."""
+    branch = f"{record.get('branch', 'static')}@{float(record.get('cf_sent', 1.0)):g}"
+    low = record.get("accordion/low_fraction")
+    if low is None or record.get("branch") == "dense":
+        return branch
+    return f"{branch} low {float(low):.2f} {float(record.get('comm/bytes_sent', 0)) / 1e6:.1f} MB"
 
 
 def departures(run: Sequence[Record], segment: Sequence[Record]) -> list[int]:
@@ -40,24 +48,18 @@ def departures(run: Sequence[Record], segment: Sequence[Record]) -> list[int]:
             if int(r["step"]) in sent and sent[int(r["step"])] != (branch_of(r), r["loss"])]
 
 
-def branch_prices(segments: Sequence[Sequence[Record]]) -> dict[str, dict[str, float]]:
+def branch_prices(segments: Sequence[Sequence[Record]]) -> dict[str, KindPrice]:
     """Median step and count per branch over the segments, each past its first ``SKIP_STEPS`` steps (a start or a
     resume is not a representative step)."""
-    times: dict[str, list[float]] = {}
-    for segment in segments:
-        for r in list(segment)[SKIP_STEPS:]:
-            if r.get("time/step") is not None:
-                times.setdefault(branch_of(r), []).append(float(r["time/step"]))
-    return {b: {"step_s": statistics.median(t), "n": len(t)} for b, t in sorted(times.items())}
+    return dict(sorted(step_kinds.kind_prices((branch_of(r), float(r["time/step"])) for segment in segments
+                                   for r in list(segment)[SKIP_STEPS:] if r.get("time/step") is not None).items()))
 
 
-def priced_time(run: Sequence[Record], upto: int, prices: dict[str, dict[str, float]]
+def priced_time(run: Sequence[Record], upto: int, prices: dict[str, KindPrice]
                 ) -> tuple[Optional[float], dict[str, int]]:
     """The run's first ``upto`` steps, each at its branch's price; None when a branch they send has no price."""
     counts = dict(Counter(branch_of(r) for r in run if int(r["step"]) <= upto))
-    if any(b not in prices for b in counts):
-        return None, counts
-    return sum(n * prices[b]["step_s"] for b, n in counts.items()), counts
+    return step_kinds.priced_time(counts, prices), counts
 
 
 def _kept_rows(keep: Path) -> dict[str, Record]:

@@ -6,10 +6,10 @@ final held-out top-1 minus that margin, read on the evaluations made every ``--e
 """
 from __future__ import annotations
 
-import statistics
 from typing import Any, Optional
 
 from ds_gravac_bench.report import SKIP_STEPS
+from ds_gravac_bench.step_kinds import kind_prices, priced_time
 
 ONE_STEP = "loopback steps × cluster step"      # a time priced by one median step: rounds of step times may re-price it
 
@@ -85,14 +85,14 @@ def time_with_dense_start(run: dict[str, Any], steps_to_target: Optional[int], w
     its compressed step (both medians past the first ``SKIP_STEPS``). Its cluster run must outlast the warm-up by at
     least ``SKIP_STEPS`` compressed steps, or there is no compressed step to take."""
     times = run["times"]
-    dense_part, compressed_part = times[SKIP_STEPS:warmup], times[warmup + SKIP_STEPS:]
-    if not dense_part or not compressed_part:
+    prices = kind_prices([*(("dense", t) for t in times[SKIP_STEPS:warmup]),
+                          *(("compressed", t) for t in times[warmup + SKIP_STEPS:])])
+    if len(prices) < 2:
         return {"step_s": None, "time_s": None,
                 "source": f"cluster run of {len(times)} steps too short for {warmup} dense steps"}
-    dense_s, step_s = statistics.median(dense_part), statistics.median(compressed_part)
-    time_s = (min(steps_to_target, warmup) * dense_s + max(0, steps_to_target - warmup) * step_s
-              if steps_to_target else None)
-    return {"step_s": step_s, "dense_start_step_s": dense_s, "time_s": time_s,
+    time_s = (priced_time({"dense": min(steps_to_target, warmup), "compressed": max(0, steps_to_target - warmup)},
+                          prices) if steps_to_target else None)
+    return {"step_s": prices["compressed"]["step_s"], "dense_start_step_s": prices["dense"]["step_s"], "time_s": time_s,
             "source": f"{warmup} dense steps × cluster dense step + the rest × cluster step"}
 
 
@@ -103,17 +103,17 @@ def time_with_quiet_steps(run: dict[str, Any], steps_to_target: Optional[int], s
     that sent something are priced at the cluster run's median such step, its quiet steps at the median quiet step
     (past the first ``SKIP_STEPS``); the cluster run must hold both kinds (at least P + ``SKIP_STEPS`` steps)."""
     body = list(zip(run["times"], run.get("sent") or []))[SKIP_STEPS:]
-    sending, silent = [t for t, b in body if b], [t for t, b in body if b == 0]
-    if not sending or not silent:
+    prices = kind_prices(("send" if b else "quiet", t) for t, b in body if b is not None)
+    if len(prices) < 2:
         return {"step_s": None, "time_s": None, "top1_time_s": None,
                 "source": f"cluster run of {len(run['times'])} steps lacks a step that "
-                          + ("sends" if not sending else "sends nothing")}
-    send_s, quiet_s = statistics.median(sending), statistics.median(silent)
+                          + ("sends" if "send" not in prices else "sends nothing")}
 
     def cost(steps: Optional[int], n_quiet: Optional[int]) -> Optional[float]:
-        return (steps - n_quiet) * send_s + n_quiet * quiet_s if steps and n_quiet is not None else None
+        return (priced_time({"send": steps - n_quiet, "quiet": n_quiet}, prices)
+                if steps and n_quiet is not None else None)
 
-    return {"step_s": cost(quiet["steps"], quiet["all"]) / quiet["steps"], "send_step_s": send_s,
-            "quiet_step_s": quiet_s, "time_s": cost(steps_to_target, quiet["to_target"]),
+    return {"step_s": cost(quiet["steps"], quiet["all"]) / quiet["steps"], "send_step_s": prices["send"]["step_s"],
+            "quiet_step_s": prices["quiet"]["step_s"], "time_s": cost(steps_to_target, quiet["to_target"]),
             "top1_time_s": cost(steps_to_top1, quiet["to_top1"]),
             "source": "loopback steps that send × cluster sending step + quiet steps × cluster quiet step"}

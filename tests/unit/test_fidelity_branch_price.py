@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ds_gravac_bench.fidelity_branch_price import branch_prices, departures, price_report, priced_time
+from ds_gravac_bench.fidelity_branch_price import branch_of, branch_prices, departures, price_report, priced_time
 from ds_gravac_bench.fidelity_reference import REFERENCE_DIR
 from fidelity_report_cases import DENSE, _write_run
 
@@ -88,3 +88,20 @@ def test_a_segment_that_departs_from_the_run_is_refused_and_another_setting_only
     bad = _write(tmp_path / "moved", SYSTEM, moved, reference_step=1.0)
     with pytest.raises(SystemExit, match=r"departs from the run at steps \[4\]"):
         price_report(kept, f"{SYSTEM} at 1gbit", run_dir, [bad])
+
+
+def test_accordion_steps_are_priced_per_layer_pattern_not_per_nominal_cf() -> None:
+    """Accordion logs its high CF as ``cf_sent`` whatever share of layers it sends at its low level, so two of its
+    steps with different patterns (all layers at CF 1.01, sending dense bytes, and all at CF 10) must not share a
+    price: each pattern is its own branch, and a dense step stays one."""
+    def step(low: float, sent_bytes: float, branch: str = "cand") -> dict:
+        return {"branch": branch, "cf_sent": 10.0, "accordion/low_fraction": low, "comm/bytes_sent": sent_bytes}
+
+    all_low, all_high = step(1.0, 18_612_800.0), step(0.0, 3_764_800.0)
+    assert branch_of(all_low) == "cand@10 low 1.00 18.6 MB"
+    assert branch_of(all_high) == "cand@10 low 0.00 3.8 MB"
+    assert branch_of({**step(1.0, 18_612_800.0, "dense"), "cf_sent": 1.0}) == "dense@1"
+    timed = [(all_low, 9.0), (all_low, 9.0), (all_low, 1.9), (all_low, 2.1), (all_high, 0.5), (all_high, 0.7)]
+    prices = branch_prices([[{**r, "step": i + 10, "time/step": t} for i, (r, t) in enumerate(timed)]])  # 2 skipped
+    assert prices == {"cand@10 low 0.00 3.8 MB": {"step_s": pytest.approx(0.6), "n": 2},
+                      "cand@10 low 1.00 18.6 MB": {"step_s": pytest.approx(2.0), "n": 2}}
