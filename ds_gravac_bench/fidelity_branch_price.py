@@ -50,9 +50,13 @@ def departures(run: Sequence[Record], segment: Sequence[Record]) -> list[int]:
 
 def branch_prices(segments: Sequence[Sequence[Record]]) -> dict[str, KindPrice]:
     """Median step and count per branch over the segments, each past its first ``SKIP_STEPS`` steps (a start or a
-    resume is not a representative step)."""
-    return dict(sorted(step_kinds.kind_prices((branch_of(r), float(r["time/step"])) for segment in segments
-                                   for r in list(segment)[SKIP_STEPS:] if r.get("time/step") is not None).items()))
+    resume is not a representative step). A branch sent only in those steps (Accordion's one forced dense step at
+    the start) is priced by them: a fresh segment's start is the run's own start at the segments' rate."""
+    timed = [(i, branch_of(r), float(r["time/step"])) for segment in segments
+             for i, r in enumerate(segment) if r.get("time/step") is not None]
+    body = step_kinds.kind_prices((b, t) for i, b, t in timed if i >= SKIP_STEPS)
+    start_only = step_kinds.kind_prices((b, t) for i, b, t in timed if i < SKIP_STEPS and b not in body)
+    return dict(sorted({**body, **start_only}.items()))
 
 
 def priced_time(run: Sequence[Record], upto: int, prices: dict[str, KindPrice]

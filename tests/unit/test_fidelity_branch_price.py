@@ -105,3 +105,11 @@ def test_accordion_steps_are_priced_per_layer_pattern_not_per_nominal_cf() -> No
     prices = branch_prices([[{**r, "step": i + 10, "time/step": t} for i, (r, t) in enumerate(timed)]])  # 2 skipped
     assert prices == {"cand@10 low 0.00 3.8 MB": {"step_s": pytest.approx(0.6), "n": 2},
                       "cand@10 low 1.00 18.6 MB": {"step_s": pytest.approx(2.0), "n": 2}}
+
+
+def test_a_branch_sent_only_at_the_start_is_priced_by_the_segments_start() -> None:
+    """Accordion sends one forced dense step at step 1 and never again: no step past the skipped start prices it,
+    so the fresh segment's own step 1 does; a branch the body prices keeps its body's median."""
+    fresh = _records(range(1, 6), [9.0, 3.0, 2.0, 2.2, 2.4])
+    prices = branch_prices([fresh])
+    assert prices == {"dense@1": {"step_s": 9.0, "n": 1}, "min@10": {"step_s": pytest.approx(2.2), "n": 3}}
