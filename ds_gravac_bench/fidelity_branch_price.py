@@ -104,6 +104,7 @@ def price_report(keep: Path, row_id: str, run_dir: Path, segment_dirs: Sequence[
         raise SystemExit(f"fidelity_branch_price: no {BASELINE} step measured beside the segments")
     ref_s = statistics.median(refs)
     lines.append(f"{BASELINE} beside the segments: {', '.join(f'{x:.3f}' for x in refs)} s (median {ref_s:.3f})")
+    own_prices = branch_prices([run])            # the run priced by its own steps: the model's error at its rate
     for name, key in (("loss target", "steps_to_target"), ("held-out target", "steps_to_top1")):
         upto, base_steps = row.get(key), base.get(key)
         if not upto or not base_steps:
@@ -116,7 +117,7 @@ def price_report(keep: Path, row_id: str, run_dir: Path, segment_dirs: Sequence[
             continue
         lines.append(f"{name}: step {upto} ({mix}): {time_s:,.0f} s; {BASELINE} {base_steps} × {ref_s:.3f} s = "
                      f"{base_steps * ref_s:,.0f} s; × {BASELINE}: {base_steps * ref_s / time_s:.2f}")
-        own_s, _ = priced_time(run, int(upto), branch_prices([run]))
+        own_s, _ = priced_time(run, int(upto), own_prices)
         measured = sum(float(r.get("time/step") or 0) for r in run if int(r["step"]) <= int(upto))
         lines.append(f"  the model at the run's own rate: {own_s:,.0f} s priced per branch, {measured:,.0f} s "
                      f"measured ({own_s / measured - 1:+.1%})")
