@@ -11,6 +11,11 @@ fewest mean steps to target, and for each ``--cluster`` rate on the shortest mea
 fewer bytes). Post-local SGD's period is picked per rate only: by steps the shortest period always wins.
 The evaluation seeds then run only the picks. The sweep's cost is the CPU and wall time of every run
 (user + system, all ranks, summed over the invocations of a continued run), written beside the picks.
+
+With ``--keep DIR`` each tuning seed is kept as ``long_keep`` keeps an evaluation seed (``DIR/seed<S>``: its report
+and dense run, saved after every finished system) plus that seed's cost per system, and the picks go to
+``DIR/sweep.json``. A sweep outlasts a session and ``runs/`` does not outlast a machine: the same command on another
+machine restores each seed's dense run and trains only the systems its kept report lacks.
 """
 from __future__ import annotations
 
@@ -23,14 +28,36 @@ from ds_gravac_bench.fidelity import TASKS
 from ds_gravac_bench.fidelity_args import cluster_arg, clusters_of
 from ds_gravac_bench.fidelity_lead import COMPRESSED, LOCAL_SGD   # post-local SGD's period: tuned as a level is
 from ds_gravac_bench.fidelity_seeds import combine
+from ds_gravac_bench.keep import strip_paths
+from ds_gravac_bench.long_keep import REPORT_FILE, restore, save
+
+COST_FILE = "cost.json"
 
 
 
 def runs_cost(dirs: Sequence[Path]) -> dict[str, float]:
     """CPU and wall seconds of every system in ``dirs``, as ``bench_e2e`` recorded them (summed over the
     invocations of a continued run)."""
-    systems = [m for d in dirs for m in json.loads((d / "meta.json").read_text())["systems"].values()]
+    return _summed([m for d in dirs for m in json.loads((d / "meta.json").read_text())["systems"].values()])
+
+
+def _summed(systems: Sequence[dict[str, Any]]) -> dict[str, float]:
     return {"cpu_s": sum(m.get("cpu_s", 0.0) for m in systems), "wall_s": sum(m.get("wall_s", 0.0) for m in systems)}
+
+
+def _kept_cost(kept: Path) -> dict[str, dict[str, float]]:
+    return json.loads((kept / COST_FILE).read_text()) if (kept / COST_FILE).is_file() else {}
+
+
+def keep_cost(run_dir: Path, kept: Path) -> dict[str, dict[str, float]]:
+    """Per system CPU and wall seconds into ``kept``: this run directory's record wins, an earlier machine's keeps
+    the systems this directory did not run (a restored dense run carries its original record)."""
+    earlier = _kept_cost(kept)
+    mine = {sid: {k: m[k] for k in ("cpu_s", "wall_s") if k in m}
+            for sid, m in json.loads((run_dir / "meta.json").read_text())["systems"].items()}
+    merged = {**earlier, **{sid: c for sid, c in mine.items() if c}}
+    (kept / COST_FILE).write_text(json.dumps(merged, indent=1, sort_keys=True) + "\n")
+    return merged
 
 
 def _key(row: dict[str, Any], rate: Optional[str]) -> tuple[float, float]:
@@ -64,23 +91,52 @@ def _best(rows: list[dict[str, Any]], rate: Optional[str]) -> Optional[dict[str,
     return None if best is None else {"id": best["id"], "sort_key": list(_key(best, rate))}
 
 
+def _missing(systems: Sequence[str], kept: Path, run_dir: Path) -> list[str]:
+    """The systems ``kept`` lacks; its dense run restored into a new ``run_dir`` so that they are judged against it."""
+    if not (kept / REPORT_FILE).is_file():
+        return list(systems)
+    if not (run_dir / "meta.json").exists():
+        restore(kept, run_dir)
+    done = {r["id"] for r in json.loads((kept / REPORT_FILE).read_text())["systems"]}
+    return [s for s in systems if s not in done]
+
+
 def sweep(task: str, seeds: Sequence[int], grid: Sequence[str], out: Path, clusters: dict[str, list[Path]],
-          timeout: float, checkpoint_every: int = 0) -> dict[str, Any]:
+          timeout: float, checkpoint_every: int = 0, keep: Optional[Path] = None,
+          steps: Optional[int] = None, micro_batch: Optional[int] = None) -> dict[str, Any]:
     """Dense and the grid on each tuning seed, then the picks; with ``checkpoint_every`` the same call again skips
-    finished runs and resumes the others (a long task's sweep outlasts a session; its cost sums every invocation's)."""
+    finished runs and resumes the others (a long task's sweep outlasts a session; its cost sums every invocation's);
+    with ``keep`` the same call on another machine trains only what the kept seeds lack."""
     from ds_gravac_bench.fidelity import run
 
-    dirs = []
+    dirs, costs = [], []
     for seed in seeds:
         d = out / f"seed{seed}"
-        run(argparse.Namespace(task=task, steps=None, systems=",".join(["ds_dense", *grid]), micro_batch=None,
-                               timeout=timeout, seed=seed, out=str(d),
-                               checkpoint_every=checkpoint_every))
-        dirs.append([d])
+        kept = None if keep is None else keep / f"seed{seed}"
+        systems = ["ds_dense", *grid] if kept is None else _missing(["ds_dense", *grid], kept, d)
+
+        def keep_now(run_dir: Path, _sid: str, kept: Optional[Path] = kept) -> None:
+            if kept is not None:
+                save(run_dir, kept)
+                keep_cost(run_dir, kept)
+
+        if systems:
+            run(argparse.Namespace(task=task, steps=steps, systems=",".join(systems), micro_batch=micro_batch,
+                                   timeout=timeout, seed=seed, out=str(d), checkpoint_every=checkpoint_every),
+                keep_now)
+        if kept is not None and (d / "meta.json").is_file():
+            keep_cost(d, kept)                  # also when nothing was missing (a seed kept by ``long_keep run``)
+        dirs.append([d if kept is None else kept])
+        costs.append(runs_cost([d]) if kept is None else _summed(list(_kept_cost(kept).values())))
     res = combine(dirs, clusters)
-    picks = {"steps": pick(res), **{rate: pick(res, rate) for rate in clusters}}
-    return {"task": task, "tune_seeds": list(seeds), "grid": list(grid), "rates": list(clusters),
-            **runs_cost([d for (d,) in dirs]), "picks": picks, "seeds": res}
+    graded = {**res, "systems": [r for r in res["systems"]        # a kept seed may hold other systems' rows
+                                 if r["id"] in grid or set(r.get("also", ())) & set(grid)]}
+    picks = {"steps": pick(graded), **{rate: pick(graded, rate) for rate in clusters}}
+    result = {"task": task, "tune_seeds": list(seeds), "grid": list(grid), "rates": list(clusters),
+              **_summed(costs), "picks": picks, "seeds": res}
+    if keep is not None:
+        (keep / "sweep.json").write_text(json.dumps(strip_paths(result), indent=1) + "\n")
+    return result
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
@@ -95,11 +151,16 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ap.add_argument("--timeout", type=float, default=300000.0)
     ap.add_argument("--checkpoint-every", type=int, default=0, metavar="K",
                     help="checkpoint every K steps; the same command again skips finished runs and resumes the others")
+    ap.add_argument("--keep", type=Path, default=None, metavar="DIR",
+                    help="keep each tuning seed in DIR/seed<S> after every finished system, and the picks in "
+                         "DIR/sweep.json; the same command on another machine trains only what is missing")
+    ap.add_argument("--steps", type=int, default=None, help="default: the task's budget (fewer: a smoke run)")
+    ap.add_argument("--micro-batch", type=int, default=None)
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     out = Path(a.out)
     res = sweep(a.task, a.tune_seeds, a.grid.split(","), out, clusters_of(a.cluster), a.timeout,
-                a.checkpoint_every)
+                a.checkpoint_every, a.keep, a.steps, a.micro_batch)
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.json").write_text(json.dumps(res, indent=1))
     print(json.dumps({"picks": res["picks"], "cpu_s": res["cpu_s"], "wall_s": res["wall_s"]}, indent=1))

@@ -114,3 +114,36 @@ def test_a_kept_seed_continues_in_a_new_directory_against_the_same_dense_run(fir
     assert json.loads((kept / "reference.json").read_text())["meta"] == first_meta
     # a kept directory is one seed of fidelity_seeds, as any kept report
     assert {r["id"] for r in combine([[kept]])["systems"]} == set(original)
+
+
+def test_a_tuning_sweep_continues_from_its_kept_seeds_on_another_machine(first: FirstRun, tmp_path: Path) -> None:
+    """``fidelity_sweep --keep``: a seed kept by an earlier machine (dense and three systems, no cost file) gets only
+    its missing grid system trained here, against the restored dense run; the seed then holds every row, the cost
+    of each system (the earlier machine's dense record included), and a third machine trains nothing at all."""
+    import shutil
+
+    from ds_gravac_bench.fidelity_sweep import COST_FILE, sweep
+
+    keep = tmp_path / "keep"
+    shutil.copytree(first.kept, keep / "seed5")
+    common = dict(task="mlp_screen", seeds=[5], grid=["gv_default", "gv_qsgd8"], clusters={}, timeout=600.0,
+                  checkpoint_every=2, keep=keep, steps=4, micro_batch=8)
+    res = sweep(out=tmp_path / "here", **common)
+    run_dir = tmp_path / "here" / "seed5"
+    assert sorted(p.name for p in (run_dir / "systems").iterdir()) == ["ds_dense", "gv_qsgd8"]
+    assert not (run_dir / "systems" / "ds_dense" / "ckpt").exists()          # restored, not trained again
+    rows = _rows(json.loads((keep / "seed5" / "fidelity.json").read_text()))
+    assert {k: v for k, v in rows.items() if k != "gv_qsgd8"} == _rows(build([first.run_dir], {}))
+    assert rows["gv_qsgd8"]["bytes_ratio"] < 1.0
+    first_meta = json.loads((first.run_dir / "meta.json").read_text())["systems"]
+    cost = json.loads((keep / "seed5" / COST_FILE).read_text())
+    assert set(cost) == {"ds_dense", "gv_qsgd8"} and cost["ds_dense"]["cpu_s"] == first_meta["ds_dense"]["cpu_s"]
+    assert res["cpu_s"] == pytest.approx(cost["ds_dense"]["cpu_s"] + cost["gv_qsgd8"]["cpu_s"])
+    # picks come from the grid only: the kept seed's static `mlp_lowrank` is not a candidate, gv_default (auto) adapts
+    assert res["picks"]["steps"]["low-rank"] is None and "quantization" in res["picks"]["steps"]
+    kept_sweep = json.loads((keep / "sweep.json").read_text())
+    assert kept_sweep["picks"] == res["picks"] and kept_sweep["cpu_s"] == res["cpu_s"]
+
+    again = sweep(out=tmp_path / "elsewhere", **common)
+    assert not (tmp_path / "elsewhere" / "seed5" / "systems" / "gv_qsgd8").exists()   # nothing trained
+    assert {k: again[k] for k in ("picks", "cpu_s", "wall_s")} == {k: res[k] for k in ("picks", "cpu_s", "wall_s")}
