@@ -127,7 +127,8 @@ def sweep(task: str, seeds: Sequence[int], grid: Sequence[str], out: Path, clust
         if kept is not None and (d / "meta.json").is_file():
             keep_cost(d, kept)                  # also when nothing was missing (a seed kept by ``long_keep run``)
         dirs.append([d if kept is None else kept])
-        costs.append(runs_cost([d]) if kept is None else _summed(list(_kept_cost(kept).values())))
+        costs.append(runs_cost([d]) if kept is None       # a kept seed may hold other systems' costs too
+                     else _summed([c for sid, c in _kept_cost(kept).items() if sid in ("ds_dense", *grid)]))
     res = combine(dirs, clusters)
     graded = {**res, "systems": [r for r in res["systems"]        # a kept seed may hold other systems' rows
                                  if r["id"] in grid or set(r.get("also", ())) & set(grid)]}

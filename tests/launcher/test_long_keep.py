@@ -144,6 +144,8 @@ def test_a_tuning_sweep_continues_from_its_kept_seeds_on_another_machine(first: 
     kept_sweep = json.loads((keep / "sweep.json").read_text())
     assert kept_sweep["picks"] == res["picks"] and kept_sweep["cpu_s"] == res["cpu_s"]
 
+    # a system of the seed that is not in the grid (kept by another invocation) is not the sweep's cost
+    (keep / "seed5" / COST_FILE).write_text(json.dumps({**cost, "mlp_lowrank": {"cpu_s": 1e6, "wall_s": 1e6}}))
     again = sweep(out=tmp_path / "elsewhere", **common)
     assert not (tmp_path / "elsewhere" / "seed5" / "systems" / "gv_qsgd8").exists()   # nothing trained
     assert {k: again[k] for k in ("picks", "cpu_s", "wall_s")} == {k: res[k] for k in ("picks", "cpu_s", "wall_s")}
