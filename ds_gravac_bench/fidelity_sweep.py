@@ -34,7 +34,6 @@ from ds_gravac_bench.long_keep import REPORT_FILE, restore, save
 COST_FILE = "cost.json"
 
 
-
 def runs_cost(dirs: Sequence[Path]) -> dict[str, float]:
     """CPU and wall seconds of every system in ``dirs``, as ``bench_e2e`` recorded them (summed over the
     invocations of a continued run)."""
