@@ -20,6 +20,7 @@ machine restores each seed's dense run and trains only the systems its kept repo
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -90,6 +91,12 @@ def _best(rows: list[dict[str, Any]], rate: Optional[str]) -> Optional[dict[str,
     return None if best is None else {"id": best["id"], "sort_key": list(_key(best, rate))}
 
 
+def _keep_seed(kept: Path, run_dir: Path, _sid: str) -> None:
+    """After every finished system: the seed's report, dense run and cost into ``kept``."""
+    save(run_dir, kept)
+    keep_cost(run_dir, kept)
+
+
 def _missing(systems: Sequence[str], kept: Path, run_dir: Path) -> list[str]:
     """The systems ``kept`` lacks; its dense run restored into a new ``run_dir`` so that they are judged against it."""
     if not (kept / REPORT_FILE).is_file():
@@ -114,15 +121,10 @@ def sweep(task: str, seeds: Sequence[int], grid: Sequence[str], out: Path, clust
         kept = None if keep is None else keep / f"seed{seed}"
         systems = ["ds_dense", *grid] if kept is None else _missing(["ds_dense", *grid], kept, d)
 
-        def keep_now(run_dir: Path, _sid: str, kept: Optional[Path] = kept) -> None:
-            if kept is not None:
-                save(run_dir, kept)
-                keep_cost(run_dir, kept)
-
         if systems:
             run(argparse.Namespace(task=task, steps=steps, systems=",".join(systems), micro_batch=micro_batch,
                                    timeout=timeout, seed=seed, out=str(d), checkpoint_every=checkpoint_every),
-                keep_now)
+                None if kept is None else functools.partial(_keep_seed, kept))
         if kept is not None and (d / "meta.json").is_file():
             keep_cost(d, kept)                  # also when nothing was missing (a seed kept by ``long_keep run``)
         dirs.append([d if kept is None else kept])
