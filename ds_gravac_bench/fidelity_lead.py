@@ -88,6 +88,9 @@ def _metric(row: dict[str, Any]) -> str:
     spread = row.get("top1_spread")
     if spread:
         return f"{100 * spread['mean']:.2f} ± {100 * spread['sd']:.2f}"
+    ppl = row.get("ppl_spread")
+    if ppl and ppl["n"] > 1:
+        return f"ppl {ppl['mean']:.1f} ± {ppl['sd']:.1f}"
     return "–" if row.get("ppl") is None else f"ppl {row['ppl']:.1f}"
 
 
@@ -108,7 +111,8 @@ def lead_markdown(res: dict[str, Any]) -> str:
     vs, paired = ratios(res), round_ratios(res)
     floor = next((r for r in res["systems"] if r["id"] == NOISE_CONTROL), None)
     target = "held-out target" if held_out else "loss target"
-    metric = "final held-out top-1 % (mean ± sd)" if held_out else "final held-out perplexity (mean)"
+    many = len(res["seeds"]) > 1
+    metric = "final held-out top-1 % (mean ± sd)" if held_out else f"final held-out perplexity (mean{' ± sd' * many})"
     head = ["system", "family"] + [f"{rate}: time to {target} (× {BASELINE})" for rate in rates]
     head += [metric, "top-1 − dense, points" if held_out else "gap of the means", "bytes / dense", "bounds"]
     n = len(res["seeds"])

@@ -214,8 +214,9 @@ def _spread(xs: Sequence[Optional[float]]) -> Optional[dict[str, float]]:
 
 
 def _paired(per: Sequence[dict[str, Any]], dense: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Final held-out top-1 and its paired difference to the same seed's dense run as mean ± spread, the steps to
-    the held-out target per seed, and the mean time to it per rate (the verdict's second target)."""
+    """Final held-out top-1 and perplexity as mean ± spread, top-1's paired difference to the same seed's dense
+    run as mean ± spread, the steps to the held-out target per seed, and the mean time to it per rate (the
+    verdict's second target)."""
     top1 = [r["eval"].get("eval/top1") for r in per]
     dense_top1 = [d["eval"].get("eval/top1") for d in dense]
     diffs = [a - b if a is not None and b is not None else None for a, b in zip(top1, dense_top1)]
@@ -225,6 +226,7 @@ def _paired(per: Sequence[dict[str, Any]], dense: Sequence[dict[str, Any]]) -> d
     dense_time = {rate: _mean([d.get("rates", {}).get(rate, {}).get("top1_time_s") for d in dense])
                   for rate in sorted(rates)}
     return {"top1_spread": _spread(top1), "top1_diff": _spread(diffs),
+            "ppl_spread": _spread([r["eval"].get("eval/ppl") for r in per]),
             "steps_to_top1": [r.get("steps_to_top1") for r in per],
             "dense_steps_to_top1": [d.get("steps_to_top1") for d in dense],
             "top1_time_s": top1_time,

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from ds_gravac_bench.fidelity_lead import lead_markdown
 from ds_gravac_bench.fidelity_seeds import combine, markdown
 from seeds_cases import _row, _seed
 
@@ -300,3 +301,21 @@ def test_a_controller_trained_on_the_cluster_pairs_its_seeds_per_rate(tmp_path: 
     from_report, from_runs = ({r["id"]: r for r in combine([[d]], {"1gbit": [c_a]})["systems"]}["gv_auto at 1gbit"]
                               for d in (kept, loop_a))
     assert from_report["time_s"] == from_runs["time_s"] == {"1gbit": pytest.approx(0.25 * reach)}
+
+
+def test_the_leading_table_shows_perplexity_as_mean_and_spread_over_the_seeds(tmp_path: Path) -> None:
+    """Issue 41: final held-out metrics as mean ± spread. Perplexities 160, 170, 180 on three seeds: mean 170,
+    sample standard deviation sqrt((10² + 0 + 10²) / 2) = 10; one seed shows its value alone, as before."""
+    def seed(root: Path, ppl: float) -> Path:
+        root.mkdir()
+        rows = [{**_row("ds_dense", "dense", 5.0, 5.0, 0.0, 110, 1.0), "eval": {"eval/ppl": 150.0}},
+                {**_row("topk", "sparse", 5.1, 5.0, 0.0, 112, 0.2), "eval": {"eval/ppl": ppl}}]
+        (root / "fidelity.json").write_text(json.dumps({"model": "lstm", "steps": 150, "reference": "ds_dense",
+                                                        "systems": rows}))
+        return root
+
+    three = combine([[seed(tmp_path / s, p)] for s, p in (("a", 160.0), ("b", 170.0), ("c", 180.0))])
+    md = lead_markdown(three)
+    assert "| ppl 170.0 ± 10.0 |" in md and "final held-out perplexity (mean ± sd)" in md
+    one = lead_markdown(combine([[tmp_path / "a"]]))
+    assert "| ppl 160.0 |" in one and "final held-out perplexity (mean) |" in one
