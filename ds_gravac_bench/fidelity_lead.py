@@ -111,11 +111,11 @@ def lead_markdown(res: dict[str, Any]) -> str:
     vs, paired = ratios(res), round_ratios(res)
     floor = next((r for r in res["systems"] if r["id"] == NOISE_CONTROL), None)
     target = "held-out target" if held_out else "loss target"
-    many = len(res["seeds"]) > 1
-    metric = "final held-out top-1 % (mean ± sd)" if held_out else f"final held-out perplexity (mean{' ± sd' * many})"
+    n = len(res["seeds"])
+    ppl = "final held-out perplexity (mean ± sd)" if n > 1 else "final held-out perplexity (mean)"
+    metric = "final held-out top-1 % (mean ± sd)" if held_out else ppl
     head = ["system", "family"] + [f"{rate}: time to {target} (× {BASELINE})" for rate in rates]
     head += [metric, "top-1 − dense, points" if held_out else "gap of the means", "bytes / dense", "bounds"]
-    n = len(res["seeds"])
     lines = [f"# {res['model']}, {res['steps']} steps, 2 ranks, {n} paired seed{'s' * (n != 1)}", "",
              f"Ratios: {BASELINE}'s mean time to the {target} over the system's (above 1: sooner); \"{BASELINE} "
              f"beside it\": a controller's own run, against {BASELINE}'s steps × its step measured in that invocation."
