@@ -34,6 +34,7 @@ from ds_gravac_bench.fidelity_runs import SAME_SETTINGS, as_paths, cluster_runs,
 from ds_gravac_bench.fidelity_time import adaptive, first_eval_reach, first_reach, quiet_counts, time_at_rate
 from ds_gravac_bench.gravac_label import system_label
 from ds_gravac_bench.report import shown_path
+from ds_gravac_bench.systems import jitter_control_of
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET_FRACTION = 0.75          # dense's smoothed loss at 75% of the budget is the target (a task may set another)
@@ -191,8 +192,10 @@ def build(dirs: Sequence[Path] | Path, clusters: dict[str, Sequence[Path] | Path
         if not c["smoothed"] or sid.startswith("compute_only"):   # one rank alone: only its step time means something
             continue
         row = _row(sid, c, sections[sid], targets)
+        timed_as = jitter_control_of(sid) or sid        # a noise control steps as the system it perturbs
         for rate, cl in cluster_curves.items():
-            run = cl.get(sid) or cl.get(match_key(sid, sections[sid]))
+            run = next((cl[k] for k in (sid, match_key(sid, sections[sid]), timed_as, match_key(timed_as, sections[sid]))
+                        if k in cl), None)
             row["rates"][rate] = time_at_rate(run, row["steps_to_target"], sections[sid], target,
                                               row["steps_to_top1"], top1_target, row["quiet_steps"])
         row["verdict"] = _verdict(row, ref, ref_id)

@@ -25,6 +25,7 @@ import statistics
 from typing import Any, Optional
 
 from ds_gravac_bench.fidelity_output import NOISE_CONTROL
+from ds_gravac_bench.systems import jitter_control_of
 
 BASELINE = "ddp_bf16"          # DDP + torch's bf16_compress_hook
 LOCAL_SGD = "ddp_localsgd"     # PyTorch's post-local SGD, one row per period (``ddp_localsgd@period=P``)
@@ -121,15 +122,16 @@ def lead_markdown(res: dict[str, Any]) -> str:
              f"beside it\": a controller's own run, against {BASELINE}'s steps × its step measured in that invocation."
              + (f" Noise floor ({NOISE_CONTROL}): top-1 − dense {_pm(floor.get('top1_diff'))} points."
                 if floor and floor.get("top1_diff") else ""), "",
-             *_rounds_note(res), "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+             *_rounds_note(res), *floor_note(res), "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in res["systems"]:
-        cells = [r["id"], r["family"]] + [_cell(_times(r, held_out).get(rate), vs[r["id"]].get(rate),
+        family = r["family"] + (" (noise control)" if jitter_control_of(r["id"]) else "")
+        cells = [r["id"], family] + [_cell(_times(r, held_out).get(rate), vs[r["id"]].get(rate),
                                                 paired.get(r["id"], {}).get(rate),
                                                 (r.get("reference_step_s") or {}).get(rate)) for rate in rates]
         diff = _pm(r.get("top1_diff")) if held_out else f"{100 * r['gap']:+.1f}%"
         bytes_cell = "–" if r.get("bytes_ratio") is None else f"{r['bytes_ratio']:.3f}"
         lines.append("| " + " | ".join(cells + [_metric(r), diff, bytes_cell, r["verdict"]]) + " |")
-    return "\n".join(lines + local_sgd_lines(res, vs)) + "\n"
+    return "\n".join(lines + controller_lines(res, vs) + local_sgd_lines(res, vs)) + "\n"
 
 
 def _rounds_note(res: dict[str, Any]) -> list[str]:
@@ -151,15 +153,92 @@ def steps_floor(res: dict[str, Any]) -> Optional[float]:
     return sum(abs(a / b - 1) for a, b in pairs) / len(pairs) if pairs else None
 
 
+def control_floors(res: dict[str, Any]) -> dict[str, tuple[str, float]]:
+    """Noise control id ``X@jitter=…`` → (X, the mean |its steps / X's − 1| over the seeds where both reached the
+    target): how far a perturbation of ten ulps moves X itself, which on a compressed run is far more than on dense."""
+    held_out = _held_out(res)
+    key = "steps_to_top1" if held_out else "steps_to_target"
+    rows = {r["id"]: r for r in res["systems"]}
+    out = {}
+    for sid, r in rows.items():
+        base = rows.get(jitter_control_of(sid) or "")
+        if base is None or sid == NOISE_CONTROL:
+            continue
+        pairs = [(a, b) for a, b in zip(r.get(key) or [], base.get(key) or []) if a and b]
+        if pairs:
+            out[sid] = (base["id"], sum(abs(a / b - 1) for a, b in pairs) / len(pairs))
+    return out
+
+
+def comparison_floor(res: dict[str, Any]) -> Optional[float]:
+    """The floor two systems' times to target are judged against: the largest of dense's (the jitter control) and
+    every compressed system's own (:func:`control_floors`, applied to every compressed row alike)."""
+    floors = [f for f in (steps_floor(res), *(f for _, f in control_floors(res).values())) if f is not None]
+    return max(floors) if floors else None
+
+
+def floor_note(res: dict[str, Any]) -> list[str]:
+    """The noise floors in steps to target, one sentence (empty without any control)."""
+    dense, controls = steps_floor(res), control_floors(res)
+    parts = ([f"dense ±{100 * dense:.0f}% (`{NOISE_CONTROL}`)"] if dense is not None else []) + [
+        f"`{base}` ±{100 * f:.0f}% (`{sid}`)" for sid, (base, f) in controls.items()]
+    if not parts:
+        return []
+    return [f"Noise floor in steps to the target (a run with its averaged gradients × (1 + 1e-6·N(0,1)) against "
+            f"the same run without): {'; '.join(parts)}. Two systems' times are judged against the largest.", ""]
+
+
+def _compared(res: dict[str, Any]) -> list[dict[str, Any]]:
+    """Compressed rows that are systems, not noise controls."""
+    return [r for r in res["systems"] if r["family"] in COMPRESSED and jitter_control_of(r["id"]) is None]
+
+
+def controller_lines(res: dict[str, Any], vs: dict[str, dict[str, Optional[float]]]) -> list[str]:
+    """Per rate, every controller against the best static compressed row within the bounds (its ratio against the
+    baseline over theirs, so a controller's own run compares through the ratios), judged against
+    :func:`comparison_floor`: the issue's "× the best static" target."""
+    held_out, floor = _held_out(res), comparison_floor(res)
+    static = [r for r in _compared(res) if not r.get("adaptive") and r["verdict"].endswith("ok")]
+    controllers = [r for r in _compared(res) if r.get("adaptive")]
+    out = []
+    for rate in sorted({rate for r in controllers for rate in _times(r, held_out)}):
+        timed = [(x, r["id"]) for r in static if (x := vs.get(r["id"], {}).get(rate))]
+        if not timed:
+            continue
+        best_x, best = max(timed)
+        for r in controllers:
+            if rate in _times(r, held_out):
+                x = vs.get(r["id"], {}).get(rate)
+                out.append(f"- {rate}: `{r['id']}` " + (f"{x:.2f}× {BASELINE}" if x else "never reached the target")
+                           + f" against `{best}` {best_x:.2f}× (best static): {_judge(x, best_x, floor)}")
+    if not out:
+        return []
+    said = "noise floor unknown" if floor is None else f"noise floor ±{100 * floor:.0f}%"
+    return ["", f"Controllers against the best static setting within the bounds ({said}):", *out]
+
+
+def _judge(x: Optional[float], best_x: float, floor: Optional[float]) -> str:
+    """A controller's ratio against the best static's, both against the baseline."""
+    if not x:
+        return "slower"
+    if floor is None:
+        return f"{x / best_x:.2f}×, undecided without a floor"
+    if x / best_x > 1 + floor:
+        return f"{x / best_x:.2f}× sooner"
+    if x / best_x < 1 / (1 + floor):
+        return f"{best_x / x:.2f}× slower"
+    return f"{x / best_x:.2f}×: no difference"
+
+
 def local_sgd_lines(res: dict[str, Any], vs: dict[str, dict[str, Optional[float]]]) -> list[str]:
     """Per rate, post-local SGD's best period (within the accuracy bounds) against every compressed row; ``vs`` is
     :func:`ratios` of ``res``."""
     held_out = _held_out(res)
     local = [r for r in res["systems"] if r["id"].startswith(LOCAL_SGD) and r["verdict"].endswith("ok")]
-    compressed = [r for r in res["systems"] if r["family"] in COMPRESSED]
+    compressed = _compared(res)
     if not local or not compressed:
         return []
-    floor = steps_floor(res)
+    floor = comparison_floor(res)
     said = "noise floor unknown: no jitter control" if floor is None else f"noise floor ±{100 * floor:.0f}%"
     out = ["", "Post-local SGD against compression (time to the " + ("held-out" if held_out else "loss") + " target; "
            + said + "):"]

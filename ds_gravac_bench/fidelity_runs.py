@@ -10,6 +10,7 @@ from typing import Any, Optional, Sequence
 
 from ds_gravac_bench.gravac_label import run_section
 from ds_gravac_bench.report import SKIP_STEPS, read_steps, smooth
+from ds_gravac_bench.systems import jitter_of
 
 
 def curve_of(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -89,4 +90,6 @@ def match_key(sid: str, section: Optional[dict[str, Any]]) -> str:
     section (DeepSpeed's and DDP's own paths) differ in more than a section, so they keep their id."""
     if section is None:
         return f"id:{sid}"
-    return hashlib.sha1(json.dumps(section, sort_keys=True).encode()).hexdigest()[:12]
+    digest = hashlib.sha1(json.dumps(section, sort_keys=True).encode()).hexdigest()[:12]
+    jitter = jitter_of(sid)                 # a noise control trains its section perturbed: another system
+    return digest if jitter is None else f"{digest}@jitter={jitter}"

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
 from runners.ddp_comm import POWERSGD
+from runners.grad_jitter import MAX_REL as MAX_JITTER
 
 MIN_NUMEL = 16384
 
@@ -233,7 +235,8 @@ def resolve_system(matrix: dict[str, SystemSpec], sid: str, base: Optional[dict[
     read by its new name), so one invocation compares e.g. GraVAC at several ε, or with ``gravac.gain_denominator=raw``,
     against the same DeepSpeed dense run. Values are validated with the whole section before any cluster comes up.
     ``cfg:<file>`` is a config file's section (:func:`config_system`, checked against ``base``), and takes the same
-    ``@key=value`` overrides (``cfg:ds_configs/bench/lstm_gravac_geo.json@warmup_steps=25``)."""
+    ``@key=value`` overrides (``cfg:ds_configs/bench/lstm_gravac_geo.json@warmup_steps=25``). ``@jitter=REL`` makes any
+    such system its own noise control (:func:`_split_jitter`)."""
     head, *overrides = sid.split("@")
     if head.startswith("cfg:"):
         spec = config_system(head[4:], base)
@@ -241,8 +244,14 @@ def resolve_system(matrix: dict[str, SystemSpec], sid: str, base: Optional[dict[
         raise ValueError(f"unknown system '{head}'; known: {', '.join(matrix)}")
     else:
         spec = matrix[head]
+    given = overrides
+    overrides, jitter = _split_jitter(sid, spec, overrides)
+    if jitter:
+        spec = replace(spec, runner_args=(*spec.runner_args, "--grad-jitter", jitter),
+                       note=f"{spec.note}; noise control: every averaged gradient × (1 + {jitter}·N(0,1))")
+    named = sid if not head.startswith("cfg:") else f"{spec.id}@{'@'.join(given)}"
     if not overrides:
-        return spec
+        return replace(spec, id=named) if jitter else spec
     if spec.gravac is None and spec.params:
         return _with_runner_params(spec, sid, overrides)
     if spec.gravac is None:
@@ -266,8 +275,43 @@ def resolve_system(matrix: dict[str, SystemSpec], sid: str, base: Optional[dict[
         except json.JSONDecodeError:
             value = raw
         _set_path(section, path, value)
-    return replace(spec, id=sid if not head.startswith("cfg:") else f"{spec.id}@{'@'.join(overrides)}",
+    return replace(spec, id=named,
                    gravac=section, note=f"{spec.note} ({', '.join(overrides)})".lstrip())
+
+
+def _split_jitter(sid: str, spec: SystemSpec, overrides: list[str]) -> tuple[list[str], Optional[str]]:
+    """``X@jitter=1e-6``: system X with every averaged gradient multiplied by ``1 + 1e-6·N(0,1)`` (the runner's
+    ``--grad-jitter``) — the noise control of X itself. Why: a compressed run's steps to target move far more under a
+    perturbation of ten ulps than dense's do (``ds_dense_jitter``), so comparing two compressed systems needs their
+    own floor. Returns the other overrides and the value (None without one)."""
+    rest, jitter = [], None
+    for item in overrides:
+        key, _, raw = item.partition("=")
+        if key != "jitter":
+            rest.append(item)
+            continue
+        try:
+            rel = float(raw)
+        except ValueError:
+            rel = math.nan
+        if not 0.0 < rel <= MAX_JITTER:
+            raise ValueError(f"'{sid}': jitter must be a number in (0, {MAX_JITTER}], got '{raw}'")
+        if spec.system not in ("gravac", "deepspeed"):
+            raise ValueError(f"'{sid}': jitter applies to DeepSpeed and ds_gravac systems, not {spec.system}")
+        jitter = raw
+    return rest, jitter
+
+
+def jitter_of(sid: str) -> Optional[str]:
+    """The ``jitter=`` value of a noise control's id, else None."""
+    return next((o.partition("=")[2] for o in sid.split("@")[1:] if o.startswith("jitter=")), None)
+
+
+def jitter_control_of(sid: str) -> Optional[str]:
+    """The system a noise control ``X@jitter=…`` perturbs (X), else None."""
+    head, *overrides = sid.split("@")
+    rest = [o for o in overrides if not o.startswith("jitter=")]
+    return "@".join([head, *rest]) if len(rest) < len(overrides) else None
 
 
 def _with_runner_params(spec: SystemSpec, sid: str, overrides: list[str]) -> SystemSpec:

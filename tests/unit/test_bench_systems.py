@@ -1,6 +1,8 @@
 """The benchmark matrix scales GraVAC's window and EWMA with the step budget and validates as real configs."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -145,7 +147,28 @@ def test_system_variants_override_only_the_named_gravac_keys() -> None:
     assert resolve_system(matrix, "gv_gravac@gravac.gain_denominator=raw").gravac == added.gravac   # its new name
 
 
+def test_a_jitter_variant_is_the_same_system_with_the_runners_gradient_jitter() -> None:
+    from ds_gravac_bench.e2e import runner_args
+    from ds_gravac_bench.systems import jitter_control_of, resolve_system
+
+    matrix = system_matrix(300)
+    base = matrix["gv_powersgd_r16"]
+    control = resolve_system(matrix, "gv_powersgd_r16@jitter=1e-6")
+    assert control.id == "gv_powersgd_r16@jitter=1e-6" and control.gravac == base.gravac
+    args = runner_args(control, "lstm", 10, Path("c.json"), Path("log"), None)
+    assert args[-2:] == ["--grad-jitter", "1e-6"] and "--grad-jitter" not in runner_args(base, "lstm", 10,
+                                                                                          Path("c.json"), Path("log"), None)
+    both = resolve_system(matrix, "gv_powersgd_r16@jitter=1e-6@compressor.params.rank=8")
+    assert both.gravac["compressor"]["params"]["rank"] == 8 and both.runner_args[-2:] == ("--grad-jitter", "1e-6")
+    assert (jitter_control_of("gv_powersgd_r16@jitter=1e-6@compressor.params.rank=8")
+            == "gv_powersgd_r16@compressor.params.rank=8")
+    assert jitter_control_of("gv_powersgd_r16") is None and jitter_control_of("ds_dense_jitter") is None
+
+
 @pytest.mark.parametrize("sid,match", [("gv_gravac@epsilon", "key=value"), ("gv_gravac@eps=0.1", "'eps=0.1'"),
+                                       ("gv_topk_10@jitter=0", r"jitter must be a number in \(0, 0.1\]"),
+                                       ("gv_topk_10@jitter=abc", "got 'abc'"),
+                                       ("ddp_bf16@jitter=1e-6", "not ddp_bf16"),
                                        ("ds_dense@epsilon=0.1", "no \"gravac\" section"),
                                        ("gv_nothing@epsilon=0.1", "unknown system 'gv_nothing'"),
                                        ("gv_gravac@gain_denominator=both", "gain_denominator")])

@@ -224,6 +224,27 @@ def test_a_cluster_run_of_the_same_section_under_another_id_gives_the_time(tmp_p
     assert row["rates"]["1gbit"]["step_s"] == 0.5 and row["rates"]["1gbit"]["speedup"] == pytest.approx(4.0)
 
 
+def test_a_noise_control_is_its_own_system_timed_by_the_cluster_run_of_the_system_it_perturbs(
+        tmp_path: Path) -> None:
+    """`gv_topk_100@jitter=1e-6` trains the same section as `gv_topk_100`, perturbed: matched to neither its base's
+    loopback row nor merged with it, but stepped as its base on the cluster (no cluster runs a jitter)."""
+    from ds_gravac_bench.fidelity_runs import match_key
+
+    assert match_key("gv_topk_100@jitter=1e-6", STATIC) == match_key("gv_topk_100", STATIC) + "@jitter=1e-6"
+    loop = _write_run(tmp_path / "loop", "mlp", {
+        "ds_dense": {"loss": DENSE, "time": 0.1, "bytes": 1000.0, "gravac": None},
+        "gv_topk_100": {"loss": DENSE, "time": 0.1, "bytes": 10.0, "gravac": STATIC},
+        "gv_topk_100@jitter=1e-6": {"loss": SLOW, "time": 0.1, "bytes": 10.0, "gravac": STATIC}})
+    cluster = _write_run(tmp_path / "c1g", "mlp", {
+        "ds_dense": {"loss": DENSE[:20], "time": 2.0, "bytes": 1000.0, "gravac": None},
+        "gv_topk_100": {"loss": DENSE[:20], "time": 0.5, "bytes": 10.0, "gravac": STATIC}})
+    rows = {r["id"]: r for r in build(loop, {"1gbit": cluster})["systems"]}
+    control, base = rows["gv_topk_100@jitter=1e-6"], rows["gv_topk_100"]
+    assert control["section_hash"] != base["section_hash"]
+    assert control["rates"]["1gbit"]["step_s"] == 0.5
+    assert control["steps_to_target"] is None and base["steps_to_target"] is not None     # its own curve
+
+
 def test_every_builtin_compressor_has_its_family() -> None:
     """The report's family of each built-in compressor, against a table written from the papers' taxonomy."""
     from ds_gravac.compress.registry import BUILTINS, lookup

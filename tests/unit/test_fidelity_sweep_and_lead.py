@@ -197,3 +197,44 @@ def test_the_leading_table_pairs_static_rows_with_the_baseline_in_each_round_of_
     assert "1gbit: 3 rounds" in md
     with pytest.raises(SystemExit, match="no rounds at 100mbit"):
         combine([[seed(tmp_path / "c", 4000)]], rounds={"100mbit": kept})
+
+
+def test_controllers_and_post_local_sgd_are_judged_against_a_compressed_systems_own_noise_floor(
+        tmp_path: Path) -> None:
+    """Two seeds at 100 Mbit/s, `ddp_bf16` 300 s to the held-out target. Dense's jitter control lands on dense's
+    step (floor 0%); rank 16's own control, `gv_powersgd_r16@jitter=1e-6`, reaches it at 480 and 320 steps against
+    rank 16's 400 (floor (20% + 20%) / 2 = 20%). Rank 16 takes 100 s (3.00× ddp_bf16). A controller at 110 s is
+    2.73×: 0.91× rank 16's, inside 1 / 1.2 — no difference; one at 150 s is 2.00×, rank 16 is 1.50× sooner.
+    Post-local SGD at 115 s would be "compression 1.15× sooner" against dense's floor alone; against 20% it is no
+    difference. The control is neither a system to judge nor the best static."""
+    from ds_gravac_bench.fidelity_lead import comparison_floor, control_floors, lead_markdown
+
+    def seed(root: Path, control_steps: int) -> Path:
+        root.mkdir()
+
+        def row(sid: str, family: str, t: float, steps: int = 400, **extra: object) -> dict:
+            return {**_row(sid, family, 0.5, 0.5, 0.34, 200, 0.1), "steps_to_top1": steps,
+                    "rates": {"100mbit": {"top1_time_s": t}}, **extra}
+        rows = [row("ds_dense", "dense", 400.0), row("ds_dense_jitter", "dense", 400.0),
+                row("ddp_bf16", "baseline", 300.0), row("ddp_localsgd@period=8", "baseline", 115.0),
+                row("gv_powersgd_r16", "low-rank", 100.0),
+                row("gv_powersgd_r16@jitter=1e-6", "low-rank", 90.0, steps=control_steps),
+                row("gv_auto at 100mbit", "low-rank", 110.0, adaptive=True, trained_at="100mbit"),
+                row("gv_gravac at 100mbit", "low-rank", 150.0, adaptive=True, trained_at="100mbit")]
+        (root / "fidelity.json").write_text(json.dumps({"model": "resnet18", "steps": 6000,
+                                                        "reference": "ds_dense", "systems": rows}))
+        return root
+
+    res = combine([[seed(tmp_path / "a", 480)], [seed(tmp_path / "b", 320)]])
+    assert control_floors(res) == {"gv_powersgd_r16@jitter=1e-6": ("gv_powersgd_r16", pytest.approx(0.2))}
+    assert comparison_floor(res) == pytest.approx(0.2)
+    md = lead_markdown(res)
+    assert ("dense ±0% (`ds_dense_jitter`); `gv_powersgd_r16` ±20% (`gv_powersgd_r16@jitter=1e-6`)") in md
+    assert "| gv_powersgd_r16@jitter=1e-6 | low-rank (noise control) |" in md
+    lines = md.splitlines()
+    assert ("- 100mbit: `gv_auto at 100mbit` 2.73× ddp_bf16 against `gv_powersgd_r16` 3.00× (best static): "
+            "0.91×: no difference") in lines
+    assert ("- 100mbit: `gv_gravac at 100mbit` 2.00× ddp_bf16 against `gv_powersgd_r16` 3.00× (best static): "
+            "1.50× slower") in lines
+    local = next(x for x in lines if x.startswith("- 100mbit: `ddp_localsgd"))
+    assert "`gv_powersgd_r16` (100 s): no difference" in local and "jitter" not in local
