@@ -207,7 +207,7 @@ def controller_lines(res: dict[str, Any], vs: dict[str, dict[str, Optional[float
             continue
         best_x, best = max(timed)
         for r in controllers:
-            if rate in _times(r, held_out):
+            if rate in _times(r, held_out) and r.get("trained_at") in (None, rate):   # not another rate's run
                 x = vs.get(r["id"], {}).get(rate)
                 out.append(f"- {rate}: `{r['id']}` " + (f"{x:.2f}× {BASELINE}" if x else "never reached the target")
                            + f" against `{best}` {best_x:.2f}× (best static): {_judge(x, best_x, floor)}")

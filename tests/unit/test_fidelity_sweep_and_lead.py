@@ -206,7 +206,8 @@ def test_controllers_and_post_local_sgd_are_judged_against_a_compressed_systems_
     rank 16's 400 (floor (20% + 20%) / 2 = 20%). Rank 16 takes 100 s (3.00× ddp_bf16). A controller at 110 s is
     2.73×: 0.91× rank 16's, inside 1 / 1.2 — no difference; one at 150 s is 2.00×, rank 16 is 1.50× sooner.
     Post-local SGD at 115 s would be "compression 1.15× sooner" against dense's floor alone; against 20% it is no
-    difference. The control is neither a system to judge nor the best static."""
+    difference. The control is neither a system to judge nor the best static; a controller trained at 1 Gbit/s is
+    left out at 100 Mbit/s."""
     from ds_gravac_bench.fidelity_lead import comparison_floor, control_floors, lead_markdown
 
     def seed(root: Path, control_steps: int) -> Path:
@@ -220,7 +221,9 @@ def test_controllers_and_post_local_sgd_are_judged_against_a_compressed_systems_
                 row("gv_powersgd_r16", "low-rank", 100.0),
                 row("gv_powersgd_r16@jitter=1e-6", "low-rank", 90.0, steps=control_steps),
                 row("gv_auto at 100mbit", "low-rank", 110.0, adaptive=True, trained_at="100mbit"),
-                row("gv_gravac at 100mbit", "low-rank", 150.0, adaptive=True, trained_at="100mbit")]
+                row("gv_gravac at 100mbit", "low-rank", 150.0, adaptive=True, trained_at="100mbit"),
+                {**row("gv_auto at 1gbit", "low-rank", 0.0, adaptive=True, trained_at="1gbit"),
+                 "rates": {"100mbit": {"top1_time_s": None}}}]
         (root / "fidelity.json").write_text(json.dumps({"model": "resnet18", "steps": 6000,
                                                         "reference": "ds_dense", "systems": rows}))
         return root
@@ -236,5 +239,6 @@ def test_controllers_and_post_local_sgd_are_judged_against_a_compressed_systems_
             "0.91×: no difference") in lines
     assert ("- 100mbit: `gv_gravac at 100mbit` 2.00× ddp_bf16 against `gv_powersgd_r16` 3.00× (best static): "
             "1.50× slower") in lines
+    assert not any("gv_auto at 1gbit" in x for x in lines if x.startswith("- "))   # trained at 1gbit: not "never"
     local = next(x for x in lines if x.startswith("- 100mbit: `ddp_localsgd"))
     assert "`gv_powersgd_r16` (100 s): no difference" in local and "jitter" not in local
