@@ -194,8 +194,8 @@ def build(dirs: Sequence[Path] | Path, clusters: dict[str, Sequence[Path] | Path
         row = _row(sid, c, sections[sid], targets)
         timed_as = jitter_control_of(sid) or sid        # a noise control steps as the system it perturbs
         for rate, cl in cluster_curves.items():
-            run = next((cl[k] for k in (sid, match_key(sid, sections[sid]), timed_as, match_key(timed_as, sections[sid]))
-                        if k in cl), None)
+            keys = (sid, match_key(sid, sections[sid]), timed_as, match_key(timed_as, sections[sid]))
+            run = next((cl[k] for k in keys if k in cl), None)
             row["rates"][rate] = time_at_rate(run, row["steps_to_target"], sections[sid], target,
                                               row["steps_to_top1"], top1_target, row["quiet_steps"])
         row["verdict"] = _verdict(row, ref, ref_id)

@@ -162,7 +162,7 @@ def control_floors(res: dict[str, Any]) -> dict[str, tuple[str, float]]:
     out = {}
     for sid, r in rows.items():
         base = rows.get(jitter_control_of(sid) or "")
-        if base is None or sid == NOISE_CONTROL:
+        if base is None:
             continue
         pairs = [(a, b) for a, b in zip(r.get(key) or [], base.get(key) or []) if a and b]
         if pairs:
