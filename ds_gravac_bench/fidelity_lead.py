@@ -150,7 +150,17 @@ def steps_floor(res: dict[str, Any]) -> Optional[float]:
     mine, dense = ("steps_to_top1", "dense_steps_to_top1") if held_out else ("steps_to_target", "dense_steps_to_target")
     floor = next((r for r in res["systems"] if r["id"] == NOISE_CONTROL), None)
     pairs = [(a, b) for a, b in zip(floor.get(mine) or [], floor.get(dense) or []) if a and b] if floor else []
-    return sum(abs(a / b - 1) for a, b in pairs) / len(pairs) if pairs else None
+    return _mean_rel(pairs) if pairs else None
+
+
+def _mean_rel(pairs: list[tuple[float, float]]) -> float:
+    """The mean |a / b − 1| of (steps, reference steps) pairs: a floor in steps to target."""
+    return sum(abs(a / b - 1) for a, b in pairs) / len(pairs)
+
+
+def _beyond(x: float, floor: float) -> int:
+    """+1 when ratio ``x`` lies above the floor, −1 below it, 0 inside it (no difference)."""
+    return 1 if x > 1 + floor else -1 if x < 1 / (1 + floor) else 0
 
 
 def control_floors(res: dict[str, Any]) -> dict[str, tuple[str, float]]:
@@ -166,7 +176,7 @@ def control_floors(res: dict[str, Any]) -> dict[str, tuple[str, float]]:
             continue
         pairs = [(a, b) for a, b in zip(r.get(key) or [], base.get(key) or []) if a and b]
         if pairs:
-            out[sid] = (base["id"], sum(abs(a / b - 1) for a, b in pairs) / len(pairs))
+            out[sid] = (base["id"], _mean_rel(pairs))
     return out
 
 
@@ -223,10 +233,9 @@ def _judge(x: Optional[float], best_x: float, floor: Optional[float]) -> str:
         return "slower"
     if floor is None:
         return f"{x / best_x:.2f}×, undecided without a floor"
-    if x / best_x > 1 + floor:
-        return f"{x / best_x:.2f}× sooner"
-    if x / best_x < 1 / (1 + floor):
-        return f"{best_x / x:.2f}× slower"
+    side = _beyond(x / best_x, floor)
+    if side:
+        return f"{x / best_x:.2f}× sooner" if side > 0 else f"{best_x / x:.2f}× slower"
     return f"{x / best_x:.2f}×: no difference"
 
 
@@ -274,10 +283,9 @@ def _against(local_t: float, t: Optional[float], floor: Optional[float],
     said = f"{t:.0f} s, {beside[1]:.2f}× {BASELINE} beside it against {beside[0]:.2f}×" if beside else f"{t:.0f} s"
     if floor is None:
         return f"({said}, {x:.2f}× post-local SGD's time): undecided without a floor"
-    if x > 1 + floor:
-        return f"({said}): post-local SGD {x:.2f}× sooner"
-    if x < 1 / (1 + floor):
-        return f"({said}): compression {1 / x:.2f}× sooner"
+    side = _beyond(x, floor)
+    if side:
+        return f"({said}): post-local SGD {x:.2f}× sooner" if side > 0 else f"({said}): compression {1 / x:.2f}× sooner"
     return f"({said}): no difference"
 
 
