@@ -158,7 +158,7 @@ def _mean_rel(pairs: list[tuple[float, float]]) -> float:
     return sum(abs(a / b - 1) for a, b in pairs) / len(pairs)
 
 
-def _beyond(x: float, floor: float) -> int:
+def beyond(x: float, floor: float) -> int:
     """+1 when ratio ``x`` lies above the floor, −1 below it, 0 inside it (no difference)."""
     return 1 if x > 1 + floor else -1 if x < 1 / (1 + floor) else 0
 
@@ -208,14 +208,13 @@ def controller_lines(res: dict[str, Any], vs: dict[str, dict[str, Optional[float
     baseline over theirs, so a controller's own run compares through the ratios), judged against
     :func:`comparison_floor`: the issue's "× the best static" target."""
     held_out, floor = _held_out(res), comparison_floor(res)
-    static = [r for r in _compared(res) if not r.get("adaptive") and r["verdict"].endswith("ok")]
     controllers = [r for r in _compared(res) if r.get("adaptive")]
     out = []
     for rate in sorted({rate for r in controllers for rate in _times(r, held_out)}):
-        timed = [(x, r["id"]) for r in static if (x := vs.get(r["id"], {}).get(rate))]
-        if not timed:
+        soonest = best_static(res, vs, rate)
+        if soonest is None:
             continue
-        best_x, best = max(timed)
+        best_x, best = soonest
         for r in controllers:
             if rate in _times(r, held_out) and r.get("trained_at") in (None, rate):   # not another rate's run
                 x = vs.get(r["id"], {}).get(rate)
@@ -227,13 +226,21 @@ def controller_lines(res: dict[str, Any], vs: dict[str, dict[str, Optional[float
     return ["", f"Controllers against the best static setting within the bounds ({said}):", *out]
 
 
+def best_static(res: dict[str, Any], vs: dict[str, dict[str, Optional[float]]],
+                rate: str) -> Optional[tuple[float, str]]:
+    """(ratio against the baseline, id) of the soonest static compressed row within the bounds at ``rate``."""
+    static = [r for r in _compared(res) if not r.get("adaptive") and r["verdict"].endswith("ok")]
+    timed = [(x, r["id"]) for r in static if (x := vs.get(r["id"], {}).get(rate))]
+    return max(timed) if timed else None
+
+
 def _judge(x: Optional[float], best_x: float, floor: Optional[float]) -> str:
     """A controller's ratio against the best static's, both against the baseline."""
     if not x:
         return "slower"
     if floor is None:
         return f"{x / best_x:.2f}×, undecided without a floor"
-    side = _beyond(x / best_x, floor)
+    side = beyond(x / best_x, floor)
     if side:
         return f"{x / best_x:.2f}× sooner" if side > 0 else f"{best_x / x:.2f}× slower"
     return f"{x / best_x:.2f}×: no difference"
@@ -283,7 +290,7 @@ def _against(local_t: float, t: Optional[float], floor: Optional[float],
     said = f"{t:.0f} s, {beside[1]:.2f}× {BASELINE} beside it against {beside[0]:.2f}×" if beside else f"{t:.0f} s"
     if floor is None:
         return f"({said}, {x:.2f}× post-local SGD's time): undecided without a floor"
-    side = _beyond(x, floor)
+    side = beyond(x, floor)
     if side:
         return f"({said}): post-local SGD {x:.2f}× sooner" if side > 0 else f"({said}): compression {1 / x:.2f}× sooner"
     return f"({said}): no difference"

@@ -32,6 +32,7 @@ from ds_gravac_bench.fidelity_args import cluster_arg, clusters_of, rate_file_ar
 from ds_gravac_bench.fidelity_judge import judged
 from ds_gravac_bench.fidelity_runs import cluster_runs, load_dirs, match_key
 from ds_gravac_bench.fidelity_lead import lead_markdown
+from ds_gravac_bench.fidelity_targets import target_lines
 from ds_gravac_bench.fidelity_output import NOISE_CONTROL
 from ds_gravac_bench.fidelity_time import ONE_STEP, time_at_rate
 from ds_gravac_bench.report import shown_path
@@ -338,7 +339,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "seeds.json").write_text(json.dumps(res, indent=1))
     (out / "seeds.md").write_text(markdown(res))
-    (out / "lead.md").write_text(lead_markdown(res))
+    (out / "lead.md").write_text(lead_markdown(res) + "".join(f"{line}\n" for line in target_lines(res)))
     print(markdown(res))
 
 
