@@ -198,6 +198,12 @@ def floor_note(res: dict[str, Any]) -> list[str]:
             f"the same run without): {'; '.join(parts)}. Two systems' times are judged against the largest.", ""]
 
 
+def timed_here(row: dict[str, Any], rate: str) -> bool:
+    """The row's time at ``rate`` is its own: a static row priced there, or a controller trained there (a
+    controller's run at another rate has no time here, and saying "never reached" of it would be wrong)."""
+    return row.get("trained_at") in (None, rate)
+
+
 def _compared(res: dict[str, Any]) -> list[dict[str, Any]]:
     """Compressed rows that are systems, not noise controls."""
     return [r for r in res["systems"] if r["family"] in COMPRESSED and jitter_control_of(r["id"]) is None]
@@ -216,7 +222,7 @@ def controller_lines(res: dict[str, Any], vs: dict[str, dict[str, Optional[float
             continue
         best_x, best = soonest
         for r in controllers:
-            if rate in _times(r, held_out) and r.get("trained_at") in (None, rate):   # not another rate's run
+            if rate in _times(r, held_out) and timed_here(r, rate):
                 x = vs.get(r["id"], {}).get(rate)
                 out.append(f"- {rate}: `{r['id']}` " + (f"{x:.2f}× {BASELINE}" if x else "never reached the target")
                            + f" against `{best}` {best_x:.2f}× (best static): {_judge(x, best_x, floor)}")
@@ -266,7 +272,7 @@ def local_sgd_lines(res: dict[str, Any], vs: dict[str, dict[str, Optional[float]
         best_t, best = min(timed)
         verdicts = [f"`{r['id']}` {_against(best_t, _times(r, held_out).get(rate), floor, _beside(vs, r, best, rate))}"
                     for r in compressed
-                    if rate in _times(r, held_out) and r.get("trained_at") in (None, rate)]   # not another rate's run
+                    if rate in _times(r, held_out) and timed_here(r, rate)]
         out.append(f"- {rate}: `{best}` ({best_t:.0f} s) against " + "; ".join(verdicts))
     return out
 

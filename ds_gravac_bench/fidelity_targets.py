@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ds_gravac_bench.fidelity_lead import BASELINE, beyond, best_static, comparison_floor, ratios
+from ds_gravac_bench.fidelity_lead import BASELINE, beyond, best_static, comparison_floor, ratios, timed_here
 
 AUTO = "gv_auto"                                  # `auto` rows: `{}` (`gv_auto@auto.warmup_steps=50`) and variants
 PAPER_GRAVAC = "gv_gravac@gravac.window=500"      # GraVAC with the paper's settings (ε 0.7; `@gravac.epsilon=0.9`)
@@ -33,7 +33,7 @@ def verdict(q: float, target: float, floor: Optional[float]) -> str:
 
 def _own_run_at(row: dict[str, Any], rate: str, vs: dict[str, dict[str, Optional[float]]]) -> Optional[float]:
     """The row's ratio against the baseline at ``rate`` when it was trained there (not another rate's run)."""
-    return vs.get(row["id"], {}).get(rate) if row.get("trained_at") in (None, rate) else None
+    return vs.get(row["id"], {}).get(rate) if timed_here(row, rate) else None
 
 
 def target_lines(res: dict[str, Any]) -> list[str]:
