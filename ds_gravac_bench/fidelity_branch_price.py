@@ -11,6 +11,11 @@ that is checked, and a segment that departs from the run is refused.
 
     python -m ds_gravac_bench.fidelity_branch_price --keep docs/bench/long/resnet18_long-s0
         --row 'gv_gravac@gravac.window=500 at 1gbit' --run runs/long/r18-s0-1gbit-gv --segments DIR [DIR ...]
+        [--save 100mbit]
+
+``--save RATE`` writes the priced times into the kept row as its time at that rate (source "priced per branch",
+``ddp_bf16`` beside the segments as its reference step), so that ``lead.md`` shows them and issue 42's targets
+compare against them as against a controller's own run.
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ from typing import Any, Optional, Sequence
 
 from ds_gravac_bench.fidelity_lead import BASELINE
 from ds_gravac_bench.fidelity_reference import reference_step
+from ds_gravac_bench.fidelity_time import PRICED
 from ds_gravac_bench.report import SKIP_STEPS, read_steps
 from ds_gravac_bench import step_kinds
 from ds_gravac_bench.step_kinds import KindPrice
@@ -77,10 +83,17 @@ def segment_runs(segment_dirs: Sequence[Path]) -> dict[tuple[Path, str], list[Re
 
 
 def price_report(keep: Path, row_id: str, run_dir: Path, segment_dirs: Sequence[Path]) -> list[str]:
+    """The lines the command prints (:func:`price`)."""
+    return price(keep, row_id, run_dir, segment_dirs)[0]
+
+
+def price(keep: Path, row_id: str, run_dir: Path, segment_dirs: Sequence[Path]
+          ) -> tuple[list[str], dict[str, Any]]:
     """The lines the command prints: the segments' agreement with the run, each branch's price, and per target the
-    priced time and its ratio against ``ddp_bf16`` timed in each segment's invocation. Segments of another setting
-    of the same controller (GraVAC's other ε: the same branches, sent by the same code) add to the prices; only
-    the row's own system's segments can be checked against its run."""
+    priced time and its ratio against ``ddp_bf16`` timed in each segment's invocation; and the rate entry
+    :func:`save_price` keeps. Segments of another setting of the same controller (GraVAC's other ε: the same
+    branches, sent by the same code) add to the prices; only the row's own system's segments can be checked
+    against its run."""
     rows = _kept_rows(keep)
     row, base = rows[row_id], rows[BASELINE]
     system = row["system"]
@@ -105,7 +118,10 @@ def price_report(keep: Path, row_id: str, run_dir: Path, segment_dirs: Sequence[
     ref_s = statistics.median(refs)
     lines.append(f"{BASELINE} beside the segments: {', '.join(f'{x:.3f}' for x in refs)} s (median {ref_s:.3f})")
     own_prices = branch_prices([run])            # the run priced by its own steps: the model's error at its rate
-    for name, key in (("loss target", "steps_to_target"), ("held-out target", "steps_to_top1")):
+    entry: dict[str, Any] = {"step_s": None, "time_s": None, "top1_time_s": None, "source": PRICED,
+                             "reference": {"system": BASELINE, "step_s": ref_s}}
+    for name, key, time_key in (("loss target", "steps_to_target", "time_s"),
+                                ("held-out target", "steps_to_top1", "top1_time_s")):
         upto, base_steps = row.get(key), base.get(key)
         if not upto or not base_steps:
             lines.append(f"{name}: not reached")
@@ -115,13 +131,25 @@ def price_report(keep: Path, row_id: str, run_dir: Path, segment_dirs: Sequence[
         if time_s is None:
             lines.append(f"{name}: step {upto} ({mix}): a branch has no price in the segments")
             continue
+        entry[time_key] = time_s
         lines.append(f"{name}: step {upto} ({mix}): {time_s:,.0f} s; {BASELINE} {base_steps} × {ref_s:.3f} s = "
                      f"{base_steps * ref_s:,.0f} s; × {BASELINE}: {base_steps * ref_s / time_s:.2f}")
         own_s, _ = priced_time(run, int(upto), own_prices)
         measured = sum(float(r.get("time/step") or 0) for r in run if int(r["step"]) <= int(upto))
         lines.append(f"  the model at the run's own rate: {own_s:,.0f} s priced per branch, {measured:,.0f} s "
                      f"measured ({own_s / measured - 1:+.1%})")
-    return lines
+    return lines, entry
+
+
+def save_price(keep: Path, row_id: str, rate: str, entry: dict[str, Any]) -> None:
+    """Keep ``entry`` as the row's time at ``rate``. A row trained at that rate has its own run's time there, which a
+    price from segments must not replace."""
+    report = json.loads((keep / "fidelity.json").read_text())
+    row = next(r for r in report["systems"] if r["id"] == row_id)
+    if row.get("trained_at") == rate:
+        raise SystemExit(f"fidelity_branch_price: {row_id!r} was trained at {rate}: its own run's time stands there")
+    row["rates"] = {**row.get("rates", {}), rate: entry}
+    (keep / "fidelity.json").write_text(json.dumps(report, indent=1) + "\n")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
@@ -131,8 +159,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     p.add_argument("--run", type=Path, required=True, help="the whole run's cluster directory")
     p.add_argument("--segments", type=Path, nargs="+", required=True,
                    help="fidelity run directories at the target rate holding segments of the same system")
+    p.add_argument("--save", metavar="RATE", default=None,
+                   help="keep the priced times in the row as its time at RATE, the segments' link rate")
     args = p.parse_args(argv)
-    print("\n".join(price_report(args.keep, args.row, args.run, args.segments)))
+    lines, entry = price(args.keep, args.row, args.run, args.segments)
+    print("\n".join(lines))
+    if args.save:
+        save_price(args.keep, args.row, args.save, entry)
+        print(f"kept as {args.row!r} at {args.save} ({PRICED})")
 
 
 if __name__ == "__main__":

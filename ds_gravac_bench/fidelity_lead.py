@@ -8,7 +8,9 @@ target; a ratio above 1 is sooner than DDP + bf16. A system that missed the targ
 and no ratio ("–"), and a row of a controller trained at one rate has figures at that rate only.
 
 A controller's own cluster run that measured the baseline's step beside it (:mod:`ds_gravac_bench.fidelity_reference`)
-is divided by the baseline's mean steps to target × that step: both sides of the ratio from one invocation.
+is divided by the baseline's mean steps to target × that step: both sides of the ratio from one invocation. So is
+its run priced per branch at a rate it was not made at (:mod:`ds_gravac_bench.fidelity_branch_price` ``--save``),
+against the baseline's step measured beside the segments.
 
 With step times measured in rounds (``fidelity_seeds --rounds RATE=FILE``), a static row's cell also gives the
 ratio paired within each round — both systems' median step of that round, each times its mean steps to target —
@@ -96,13 +98,14 @@ def _metric(row: dict[str, Any]) -> str:
 
 
 def _cell(t: Optional[float], x: Optional[float], paired: Optional[tuple[float, float, float]] = None,
-          beside: Optional[float] = None) -> str:
+          beside: Optional[float] = None, priced: bool = False) -> str:
     if t is None:
         return "–"
     if not x:
         return f"{t:.0f} s"
     rounds = f"; rounds {paired[0]:.2f}–{paired[2]:.2f}×" if paired else ""
-    step = f"; {BASELINE} beside it {beside:.3f} s" if beside else ""
+    how = "priced per branch, " if priced else ""
+    step = f"; {how}{BASELINE} beside it {beside:.3f} s" if beside else ""
     return f"{t:.0f} s ({x:.2f}×{rounds}{step})"
 
 
@@ -127,7 +130,8 @@ def lead_markdown(res: dict[str, Any]) -> str:
         family = r["family"] + (" (noise control)" if jitter_control_of(r["id"]) else "")
         cells = [r["id"], family] + [_cell(_times(r, held_out).get(rate), vs[r["id"]].get(rate),
                                                 paired.get(r["id"], {}).get(rate),
-                                                (r.get("reference_step_s") or {}).get(rate)) for rate in rates]
+                                                (r.get("reference_step_s") or {}).get(rate),
+                                                rate in r.get("priced_at", ())) for rate in rates]
         diff = _pm(r.get("top1_diff")) if held_out else f"{100 * r['gap']:+.1f}%"
         bytes_cell = "–" if r.get("bytes_ratio") is None else f"{r['bytes_ratio']:.3f}"
         lines.append("| " + " | ".join(cells + [_metric(r), diff, bytes_cell, r["verdict"]]) + " |")
@@ -199,9 +203,10 @@ def floor_note(res: dict[str, Any]) -> list[str]:
 
 
 def timed_here(row: dict[str, Any], rate: str) -> bool:
-    """The row's time at ``rate`` is its own: a static row priced there, or a controller trained there (a
-    controller's run at another rate has no time here, and saying "never reached" of it would be wrong)."""
-    return row.get("trained_at") in (None, rate)
+    """The row's time at ``rate`` is its own: a static row priced there, a controller trained there, or its run at
+    another rate priced per branch there (a controller's run at another rate has no time here otherwise, and
+    saying "never reached" of it would be wrong)."""
+    return row.get("trained_at") in (None, rate) or rate in row.get("priced_at", ())
 
 
 def _compared(res: dict[str, Any]) -> list[dict[str, Any]]:

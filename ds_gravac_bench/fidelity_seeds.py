@@ -34,7 +34,7 @@ from ds_gravac_bench.fidelity_runs import cluster_runs, load_dirs, match_key
 from ds_gravac_bench.fidelity_lead import lead_markdown
 from ds_gravac_bench.fidelity_targets import target_lines
 from ds_gravac_bench.fidelity_output import NOISE_CONTROL
-from ds_gravac_bench.fidelity_time import ONE_STEP, time_at_rate
+from ds_gravac_bench.fidelity_time import ONE_STEP, PRICED, time_at_rate
 from ds_gravac_bench.report import shown_path
 
 
@@ -92,12 +92,17 @@ def _keep_rates(row: dict[str, Any], others: Sequence[dict[str, Any]]) -> dict[s
     return {**row, "rates": _timed_first(earlier["rates"], row.get("rates", {}))}
 
 
+def _timed(entry: dict[str, Any]) -> bool:
+    """A rate entry holds a time: a median step, or a time to a target priced per branch (no one median step)."""
+    return any(entry.get(k) is not None for k in ("step_s", "time_s", "top1_time_s"))
+
+
 def _timed_first(kept: dict[str, Any], fresh: dict[str, Any]) -> dict[str, Any]:
     """Per rate, ``fresh``'s time where it has one, else ``kept``'s: a directory that did not run a system at a
-    rate ("no cluster run") never erases the time a kept report holds for it there."""
+    rate ("no cluster run", "trained at 1gbit") never erases the time a kept report holds for it there."""
     out = dict(kept)
     for rate, t in fresh.items():
-        if t.get("step_s") is not None or out.get(rate, {}).get("step_s") is None:
+        if _timed(t) or not _timed(out.get(rate, {})):
             out[rate] = t
     return out
 
@@ -181,6 +186,8 @@ def combine(seeds: Sequence[Sequence[Path]], clusters: Optional[dict[str, list[P
                           for rate, t in row["time_s"].items()}
         row["one_step"] = {rate: all(r.get("rates", {}).get(rate, {}).get("source") == ONE_STEP for r in per)
                            for rate in row["time_s"]}
+        row["priced_at"] = [rate for rate in row["time_s"]         # a controller's time priced per branch there
+                            if all(r.get("rates", {}).get(rate, {}).get("source") == PRICED for r in per)]
         row.update(_paired(per, dense))
         row["verdict"] = _verdict(row, tables[0]["reference"])
         rows.append(row)

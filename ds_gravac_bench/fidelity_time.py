@@ -12,6 +12,7 @@ from ds_gravac_bench.report import SKIP_STEPS
 from ds_gravac_bench.step_kinds import kind_prices, priced_time
 
 ONE_STEP = "loopback steps × cluster step"      # a time priced by one median step: rounds of step times may re-price it
+PRICED = "priced per branch"   # a controller's time at a rate its whole run was not made at (fidelity_branch_price)
 
 
 def first_reach(smoothed: list[float], target: float) -> Optional[int]:

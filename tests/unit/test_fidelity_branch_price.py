@@ -113,3 +113,29 @@ def test_a_branch_sent_only_at_the_start_is_priced_by_the_segments_start() -> No
     fresh = _records(range(1, 6), [9.0, 3.0, 2.0, 2.2, 2.4])
     prices = branch_prices([fresh])
     assert prices == {"dense@1": {"step_s": 9.0, "n": 1}, "min@10": {"step_s": pytest.approx(2.2), "n": 3}}
+
+
+def test_save_keeps_the_priced_times_as_the_row_s_time_at_the_segments_rate(
+        tmp_path: Path, kept: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--save 100mbit`` writes the two priced times (21.2 s and 31.75 s, derived in the report test above) and
+    ddp_bf16's median step beside the segments into the row; a row trained at that rate is refused, since its own
+    run's time stands there."""
+    from ds_gravac_bench.fidelity_branch_price import main
+
+    run_dir = _write(tmp_path / "run1g", SYSTEM, _records(range(1, 13), [0.5] + [0.3] * 4 + [0.6] * 4 + [0.3] * 3))
+    a = _write(tmp_path / "fresh", SYSTEM, _records(range(1, 6), [9.0, 9.0, 2.0, 2.2, 2.4]), reference_step=1.0)
+    b = _write(tmp_path / "s5", SYSTEM, _records(range(6, 13), [8.0, 8.0, 4.0, 4.4, 1.9, 2.1, 2.3]),
+               reference_step=1.2)
+    args = ["--keep", str(kept), "--row", f"{SYSTEM} at 1gbit", "--run", str(run_dir), "--segments", str(a), str(b)]
+    main(args + ["--save", "100mbit"])
+    assert f"kept as '{SYSTEM} at 1gbit' at 100mbit (priced per branch)" in capsys.readouterr().out
+    row = json.loads((kept / "fidelity.json").read_text())["systems"][0]
+    assert row["rates"]["100mbit"] == {"step_s": None, "time_s": pytest.approx(21.2),
+                                       "top1_time_s": pytest.approx(31.75), "source": "priced per branch",
+                                       "reference": {"system": "ddp_bf16", "step_s": pytest.approx(1.1)}}
+
+    report = json.loads((kept / "fidelity.json").read_text())
+    report["systems"][0]["trained_at"] = "100mbit"
+    (kept / "fidelity.json").write_text(json.dumps(report))
+    with pytest.raises(SystemExit, match="was trained at 100mbit"):
+        main(args + ["--save", "100mbit"])

@@ -319,3 +319,26 @@ def test_the_leading_table_shows_perplexity_as_mean_and_spread_over_the_seeds(tm
     assert "| ppl 170.0 ± 10.0 |" in md and "final held-out perplexity (mean ± sd)" in md
     one = lead_markdown(combine([[tmp_path / "a"]]))
     assert "| ppl 160.0 |" in one and "final held-out perplexity (mean) |" in one
+
+
+def test_a_time_priced_per_branch_survives_a_later_save_of_the_run_without_it(tmp_path: Path) -> None:
+    """A controller's row kept with its time at 100 Mbit/s priced per branch (no median step there) and saved again
+    from its run at 1 Gbit/s ("trained at 1gbit" at 100 Mbit/s, no time) keeps the price; combined, the row is
+    priced at 100 Mbit/s and its own run at 1 Gbit/s."""
+    from ds_gravac_bench.fidelity_seeds import seed_table
+
+    priced = {"step_s": None, "time_s": 700.0, "top1_time_s": 900.0, "source": "priced per branch",
+              "reference": {"system": "ddp_bf16", "step_s": 2.0}}
+    own = {"step_s": 0.5, "time_s": 100.0, "top1_time_s": 150.0, "source": "cluster run"}
+    untimed = {"step_s": None, "time_s": None, "top1_time_s": None, "source": "trained at 1gbit"}
+
+    def report(root: Path, at_100: dict) -> Path:
+        gv = {**_row("gv_gravac at 1gbit", "sparsification", 0.5, 0.5, 0.34, 200, 0.4), "trained_at": "1gbit",
+              "adaptive": True, "section_hash": "abc@1gbit", "rates": {"1gbit": own, "100mbit": at_100}}
+        return _seed(root, 0.5, 0.34, [gv])
+
+    later, earlier = report(tmp_path / "later", untimed), report(tmp_path / "earlier", priced)
+    rates = {r["id"]: r for r in seed_table([later, earlier], {})["systems"]}["gv_gravac at 1gbit"]["rates"]
+    assert rates == {"1gbit": own, "100mbit": priced}
+    row = {r["id"]: r for r in combine([[later, earlier]])["systems"]}["gv_gravac at 1gbit"]
+    assert row["priced_at"] == ["100mbit"] and row["time_s"] == {"1gbit": 100.0, "100mbit": 700.0}

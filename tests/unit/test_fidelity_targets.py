@@ -84,3 +84,26 @@ def test_lead_md_ends_with_the_targets_and_a_table_without_auto_has_none(tmp_pat
                                                     "systems": rows}))
     main([str(bare), "--out", str(tmp_path / "out2")])
     assert "Issue 42" not in (tmp_path / "out2" / "lead.md").read_text()
+
+
+def test_gravac_priced_per_branch_at_a_rate_is_compared_there_and_marked_in_the_table(tmp_path: Path) -> None:
+    """GraVAC's run at 1 Gbit/s priced per branch at 100 Mbit/s: 250 s to the held-out target, ddp_bf16 beside the
+    segments 0.6 s × its 400 steps = 240 s, so 0.96× ddp_bf16; `{}` (4.00×) is 4.00 / 0.96 = 4.17× sooner."""
+    from ds_gravac_bench.fidelity_lead import lead_markdown
+    from ds_gravac_bench.fidelity_targets import target_lines
+
+    priced = {"top1_time_s": 250.0, "source": "priced per branch", "reference": {"system": "ddp_bf16", "step_s": 0.6}}
+    seeds = []
+    for name, control in (("a", 500), ("b", 300)):
+        root = _seed(tmp_path / name, control)
+        report = json.loads((root / "fidelity.json").read_text())
+        row = next(r for r in report["systems"] if r["id"] == "gv_gravac@gravac.window=500 at 1gbit")
+        row["rates"]["100mbit"] = priced
+        (root / "fidelity.json").write_text(json.dumps(report))
+        seeds.append([root])
+    res = combine(seeds)
+    line = ("- 100mbit: `gv_auto@auto.warmup_steps=50 at 100mbit` against `gv_gravac@gravac.window=500 at 1gbit` "
+            "(GraVAC, the paper's settings): 4.17×, target ≥ 1.2×: met")
+    assert line in target_lines(res)
+    table = lead_markdown(res)
+    assert "| 250 s (0.96×; priced per branch, ddp_bf16 beside it 0.600 s) | 125 s" in table
