@@ -145,7 +145,9 @@ def save_price(keep: Path, row_id: str, rate: str, entry: dict[str, Any]) -> Non
     """Keep ``entry`` as the row's time at ``rate``. A row trained at that rate has its own run's time there, which a
     price from segments must not replace."""
     report = json.loads((keep / "fidelity.json").read_text())
-    row = next(r for r in report["systems"] if r["id"] == row_id)
+    row = next((r for r in report["systems"] if r["id"] == row_id), None)
+    if row is None:
+        raise SystemExit(f"fidelity_branch_price: {keep / 'fidelity.json'} has no row {row_id!r}")
     if row.get("trained_at") == rate:
         raise SystemExit(f"fidelity_branch_price: {row_id!r} was trained at {rate}: its own run's time stands there")
     row["rates"] = {**row.get("rates", {}), rate: entry}

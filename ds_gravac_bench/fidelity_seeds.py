@@ -151,6 +151,12 @@ def _reference_steps(per: Sequence[dict[str, Any]]) -> dict[str, float]:
     return {rate: s for rate, s in steps.items() if s is not None}
 
 
+def _sourced(per: Sequence[dict[str, Any]], rate: str, source: str) -> bool:
+    """Every seed's time at ``rate`` came the same way: one median step (rounds may re-price it), or priced per
+    branch (a controller's run at another rate)."""
+    return all(r.get("rates", {}).get(rate, {}).get("source") == source for r in per)
+
+
 def combine(seeds: Sequence[Sequence[Path]], clusters: Optional[dict[str, list[Path]]] = None,
             rounds: Optional[dict[str, Path]] = None) -> dict[str, Any]:
     """Per-system figures of every seed and their means; a system counts only where every seed ran it. ``rounds``:
@@ -184,10 +190,8 @@ def combine(seeds: Sequence[Sequence[Path]], clusters: Optional[dict[str, list[P
                "reference_step_s": _reference_steps(per)}
         row["speedup"] = {rate: row["dense_time_s"].get(rate) / t if t and row["dense_time_s"].get(rate) else None
                           for rate, t in row["time_s"].items()}
-        row["one_step"] = {rate: all(r.get("rates", {}).get(rate, {}).get("source") == ONE_STEP for r in per)
-                           for rate in row["time_s"]}
-        row["priced_at"] = [rate for rate in row["time_s"]         # a controller's time priced per branch there
-                            if all(r.get("rates", {}).get(rate, {}).get("source") == PRICED for r in per)]
+        row["one_step"] = {rate: _sourced(per, rate, ONE_STEP) for rate in row["time_s"]}
+        row["priced_at"] = [rate for rate in row["time_s"] if _sourced(per, rate, PRICED)]
         row.update(_paired(per, dense))
         row["verdict"] = _verdict(row, tables[0]["reference"])
         rows.append(row)

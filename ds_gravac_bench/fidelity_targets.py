@@ -32,7 +32,8 @@ def verdict(q: float, target: float, floor: Optional[float]) -> str:
 
 
 def _own_run_at(row: dict[str, Any], rate: str, vs: dict[str, dict[str, Optional[float]]]) -> Optional[float]:
-    """The row's ratio against the baseline at ``rate`` when it was trained there (not another rate's run)."""
+    """The row's ratio against the baseline at ``rate`` when its time there is its own (trained or priced per branch
+    there; not another rate's run)."""
     return vs.get(row["id"], {}).get(rate) if timed_here(row, rate) else None
 
 
