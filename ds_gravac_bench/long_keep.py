@@ -4,6 +4,7 @@
     python -m ds_gravac_bench.long_keep save runs/long/r18-s0 docs/bench/long/resnet18_long-s0 \\
         [--cluster 100mbit=runs/long/r18-s0-100mbit]
     python -m ds_gravac_bench.long_keep restore docs/bench/long/resnet18_long-s0 runs/long/r18-s0
+    python -m ds_gravac_bench.long_keep drop docs/bench/long/lstm_long-s0 "gv_auto at 1gbit"
 
 Why: one seed of ``resnet18_long`` is about 10 machine-hours, a working session gives about 2.5, and raw runs
 live under ``runs/`` (ignored), which a new machine does not have. ``save`` writes two small files into the kept
@@ -26,6 +27,9 @@ seed's loopback directory given by ``--against``.
 ``restore`` writes that reference run back as a finished system of a new run directory, so that
 ``fidelity run --checkpoint-every K --out DIR`` skips it and trains only the systems still missing, and their rows
 are computed against the very same dense curve; ``save`` into the same kept directory then adds them.
+
+``drop`` removes rows from a kept report by id: a row that a later run supersedes under another id (an ablation
+re-run with its settings spelled out) would otherwise stay in the seed's table, and ``save`` only ever adds.
 """
 from __future__ import annotations
 
@@ -37,7 +41,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from ds_gravac_bench.fidelity import add_run_arguments, run
+from ds_gravac_bench.fidelity import add_run_arguments, noise_floor, run
 from ds_gravac_bench.fidelity_args import cluster_arg, clusters_of
 from ds_gravac_bench.fidelity_seeds import seed_table
 from ds_gravac_bench.keep import strip_paths
@@ -125,6 +129,27 @@ def restore(kept: Path, run_dir: Path) -> str:
     return ref
 
 
+def drop(kept: Path, ids: Sequence[str]) -> dict[str, Any]:
+    """Remove the rows ``ids`` from ``kept``'s report; the rest stays as it was but for the noise floor, which is
+    recomputed from the rows left (it is the noise control's row). The dense reference and an id the report does
+    not hold are refused, naming the ids it holds, before anything is written."""
+    path = kept / REPORT_FILE
+    if not path.is_file():
+        raise SystemExit(f"long_keep drop: {kept} holds no {REPORT_FILE}")
+    table = json.loads(path.read_text())
+    held = [r["id"] for r in table["systems"]]
+    if table["reference"] in ids:
+        raise SystemExit(f"long_keep drop: {table['reference']!r} is the reference every row is judged against")
+    missing = [i for i in ids if i not in held]
+    if missing:
+        raise SystemExit(f"long_keep drop: {kept} holds no row {', '.join(map(repr, missing))}; "
+                         f"its rows: {', '.join(map(repr, held))}")
+    table["systems"] = [r for r in table["systems"] if r["id"] not in ids]
+    table["noise_floor"] = noise_floor(table["systems"], table["reference"])
+    path.write_text(json.dumps(table, indent=1) + "\n")
+    return table
+
+
 def run_and_keep(opts: argparse.Namespace) -> Path:
     """``fidelity run`` that saves into ``opts.keep`` after every finished system."""
     loopback = opts.rate == "loopback"
@@ -154,6 +179,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     r = sub.add_parser("restore", help="write a kept dense run into a new run directory")
     r.add_argument("kept", type=Path)
     r.add_argument("run_dir", type=Path)
+    d = sub.add_parser("drop", help="remove rows from a kept report by id")
+    d.add_argument("kept", type=Path)
+    d.add_argument("ids", nargs="+", metavar="ROW_ID", help="a row's id as the report holds it, e.g. 'gv_auto at 1gbit'")
     a = ap.parse_args(argv)
     if a.cmd == "run":
         print(f"[long_keep] {run_and_keep(a)}: done")
@@ -161,6 +189,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         table = save(a.run_dir, a.kept, clusters_of(a.cluster))
         print(f"[long_keep] {a.kept}: {len(table['systems'])} systems kept "
               f"({', '.join(r['id'] for r in table['systems'])})")
+    elif a.cmd == "drop":
+        table = drop(a.kept, a.ids)
+        print(f"[long_keep] {a.kept}: dropped {', '.join(a.ids)}; {len(table['systems'])} rows kept")
     else:
         print(f"[long_keep] {a.run_dir}: {restore(a.kept, a.run_dir)} restored")
 

@@ -9,6 +9,8 @@ import pytest
 from ds_gravac_bench.keep import keep, strip_paths
 from ds_gravac_bench.report import add_comparisons, system_summary
 
+REPO = Path(__file__).resolve().parents[2]
+
 
 def test_strip_paths_keeps_only_the_last_component_of_absolute_paths() -> None:
     assert strip_paths("Clusters: 1gbit = /srv/x/runs/e2e-a, /srv/x/runs/e2e-b.") == "Clusters: 1gbit = e2e-a, e2e-b."
@@ -57,3 +59,50 @@ def test_a_kept_dense_curve_is_written_alike_after_a_restore() -> None:
     kept = json.dumps(compact_curve(records))
     assert json.dumps(compact_curve(expand_curve(json.loads(kept), "ds_dense"))) == kept
     assert [list(e) for e in json.loads(kept)["evals"]] == [["eval/loss", "eval/top1", "step"]] * 2
+
+
+def _kept_copy(tmp_path: Path) -> Path:
+    """A copy of a kept seed of the repository: the real file ``drop`` edits."""
+    kept = tmp_path / "lstm_long-s0"
+    kept.mkdir()
+    for name in ("fidelity.json", "reference.json"):
+        (kept / name).write_bytes((REPO / "docs/bench/long/lstm_long-s0" / name).read_bytes())
+    return kept
+
+
+def test_drop_removes_only_the_named_rows_and_the_seed_still_reads(tmp_path: Path) -> None:
+    from ds_gravac_bench.fidelity_seeds import seed_table
+    from ds_gravac_bench.long_keep import drop
+
+    kept = _kept_copy(tmp_path)
+    before = json.loads((kept / "fidelity.json").read_text())
+    victims = [r["id"] for r in before["systems"] if r["id"].startswith("gv_topk_")]
+    assert len(victims) == 2                         # gv_topk_10 and gv_topk_100 in the kept seed
+    drop(kept, victims)
+    after = json.loads((kept / "fidelity.json").read_text())
+    assert [r for r in after["systems"]] == [r for r in before["systems"] if r["id"] not in victims]
+    assert {k: v for k, v in after.items() if k != "systems"} == {k: v for k, v in before.items() if k != "systems"}
+    assert (kept / "reference.json").read_bytes() == (REPO / "docs/bench/long/lstm_long-s0/reference.json").read_bytes()
+    assert [r["id"] for r in seed_table([kept], {})["systems"]] == [r["id"] for r in after["systems"]]
+
+
+def test_drop_of_the_noise_control_takes_its_floor_with_it(tmp_path: Path) -> None:
+    from ds_gravac_bench.long_keep import drop
+
+    kept = _kept_copy(tmp_path)
+    assert json.loads((kept / "fidelity.json").read_text())["noise_floor"] is not None
+    drop(kept, ["ds_dense_jitter"])
+    assert json.loads((kept / "fidelity.json").read_text())["noise_floor"] is None
+
+
+@pytest.mark.parametrize("ids, says", [(["ds_dense"], "reference"), (["gv_auto at 10gbit", "gv_topk_10"], "holds no row")])
+def test_drop_refuses_the_reference_and_unknown_ids_before_writing(tmp_path: Path, ids: list[str], says: str) -> None:
+    from ds_gravac_bench.long_keep import drop
+
+    kept = _kept_copy(tmp_path)
+    before = (kept / "fidelity.json").read_bytes()
+    with pytest.raises(SystemExit, match=says) as err:
+        drop(kept, ids)
+    assert (kept / "fidelity.json").read_bytes() == before
+    if says == "holds no row":
+        assert "'gv_auto at 10gbit'" in str(err.value) and "'gv_topk_10'" in str(err.value).split("its rows:")[1]
