@@ -80,7 +80,7 @@ def test_drop_removes_only_the_named_rows_and_the_seed_still_reads(tmp_path: Pat
     assert len(victims) == 2                         # gv_topk_10 and gv_topk_100 in the kept seed
     drop(kept, victims)
     after = json.loads((kept / "fidelity.json").read_text())
-    assert [r for r in after["systems"]] == [r for r in before["systems"] if r["id"] not in victims]
+    assert after["systems"] == [r for r in before["systems"] if r["id"] not in victims]
     assert {k: v for k, v in after.items() if k != "systems"} == {k: v for k, v in before.items() if k != "systems"}
     assert (kept / "reference.json").read_bytes() == (REPO / "docs/bench/long/lstm_long-s0/reference.json").read_bytes()
     assert [r["id"] for r in seed_table([kept], {})["systems"]] == [r["id"] for r in after["systems"]]
