@@ -92,6 +92,11 @@ def expand_curve(curve: dict[str, Any], system: str) -> list[dict[str, Any]]:
              **evals.get(s, {})} for s, loss, b in zip(steps, _decode(curve["loss"]), sent)]
 
 
+def write_report(kept: Path, table: dict[str, Any]) -> None:
+    """The kept report as every writer leaves it (indent 1, a final newline): rewrites diff row by row."""
+    (kept / REPORT_FILE).write_text(json.dumps(table, indent=1) + "\n")
+
+
 def save(run_dir: Path, kept: Path, clusters: Optional[dict[str, list[Path]]] = None) -> dict[str, Any]:
     """Write (or extend) ``kept`` from ``run_dir``: the merged report and the dense reference run."""
     earlier = [kept] if (kept / REPORT_FILE).is_file() else []
@@ -107,7 +112,7 @@ def save(run_dir: Path, kept: Path, clusters: Optional[dict[str, list[Path]]] = 
         if all(previous.get(k) == reference[k] for k in ("system", "config", "curve")):
             reference["meta"] = previous["meta"]      # the run that made the curve, not the latest invocation's
     kept.mkdir(parents=True, exist_ok=True)
-    (kept / REPORT_FILE).write_text(json.dumps(table, indent=1) + "\n")
+    write_report(kept, table)
     (kept / REFERENCE_FILE).write_text(json.dumps(reference, indent=1) + "\n")
     return table
 
@@ -146,7 +151,7 @@ def drop(kept: Path, ids: Sequence[str]) -> dict[str, Any]:
                          f"its rows: {', '.join(map(repr, held))}")
     table["systems"] = [r for r in table["systems"] if r["id"] not in ids]
     table["noise_floor"] = noise_floor(table["systems"], table["reference"])
-    path.write_text(json.dumps(table, indent=1) + "\n")
+    write_report(kept, table)
     return table
 
 
