@@ -4,8 +4,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
-from typing import Optional, Sequence
+from typing import NoReturn, Optional, Sequence
 
 from .compute import plan_engine
 from .offline import PlanInputError, build_engine, load_model, parse_rate, read_config, release
@@ -58,5 +59,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return USAGE_ERROR if plan.refusals else 0
 
 
+def exit_without_finalizing(status: int) -> NoReturn:
+    """Hand the status to the OS once the report is out, skipping the interpreter's finalization. Why: DeepSpeed
+    keeps the throwaway engine, and with it its gloo groups' run-loop threads, reachable from module globals (ZeRO-3
+    adds a second group); CPython 3.11 ends a thread that asks for the GIL during finalization with a forced unwind,
+    which aborts inside gloo's noexcept run loop ("terminate called without an active exception", exit -6 in about
+    one run in ten). Nothing of the tool's own needs a finalizer."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_without_finalizing(main())
