@@ -114,6 +114,7 @@ class AutoConfig(StrictModel):
     min_gain: float = Field(0.03, ge=0.0, lt=1.0)               # predicted saving needed to switch
     budget_quiet: float = Field(1.0, gt=0.0, le=4.0)            # β: error budget in units of the reference's error
     budget_tight: float = Field(0.25, ge=0.0, le=4.0)
+    tight_time_slack: Optional[float] = Field(None, ge=0.0, le=1.0)  # tight β only while the step stays this close
     group_cap: Optional[float] = Field(2.0, ge=1.0, le=100.0)    # no group above cap·β·its reference error (null: off)
     exact_fraction: float = Field(0.01, ge=0.0, le=0.1)    # low rank: unsent on the dense start that counts as exact
     pin_below_numel: int = Field(16384, ge=0)                   # groups smaller than this keep >= the reference

@@ -56,8 +56,9 @@ def synthetic_errors(groups: Sequence, seed: int) -> list[list[float]]:
 CLUSTER_STEP_S = {"100mbit": 1.03, "1gbit": 0.60}     # static PowerSGD rank 16, ResNet101, emulated cluster
 
 
-def controller_cost(repeats: int, rate: str) -> None:
-    """Per-step and per-decision seconds of ``AutoController`` on ResNet101 (see the module docstring)."""
+def controller_cost(repeats: int, rate: str, tight_slack: float | None = None) -> None:
+    """Per-step and per-decision seconds of ``AutoController`` on ResNet101 (see the module docstring);
+    ``tight_slack``: every decision tight and bounded by time (``auto.tight_time_slack``, three solves each)."""
     from ds_gravac.adapt.auto.controller import AutoController
     from ds_gravac.adapt.auto.ladder import RANKS
     from ds_gravac.adapt.base import ControllerContext
@@ -69,6 +70,8 @@ def controller_cost(repeats: int, rate: str) -> None:
     model = build_model("resnet101", num_classes=10)
     shapes = [(n, tuple(p.shape)) for n, p in model.named_parameters() if p.dim() > 1]
     auto = {"link": "nominal", "link_gbit_s": RATES[rate] / 1e9, "dwell": 0}
+    if tight_slack is not None:
+        auto.update(tight_steps=10 ** 7, tight_time_slack=tight_slack)
     ctl = AutoController(parse_config({"mode": "auto", "compressor": "powersgd", "auto": auto}))
     spec = ctl.signal_groups(shapes)
     ctl.bind(ControllerContext(world_size=2, samples_per_step=32, realize_cf=float, cf_grid=None, multilevel="none",
@@ -116,9 +119,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--rate", choices=sorted(RATES), default="100mbit")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--controller", action="store_true", help="time the controller's observe and decision")
+    ap.add_argument("--tight-time-slack", type=float, default=None,
+                    help="with --controller: every decision tight, bounded by time with this slack")
     args = ap.parse_args(argv)
     if args.controller:
-        controller_cost(args.repeats, args.rate)
+        controller_cost(args.repeats, args.rate, args.tight_time_slack)
         return
 
     from runners.models import build_model

@@ -3,6 +3,8 @@
 and the steps and intervals that drive it."""
 from __future__ import annotations
 
+from hypothesis import strategies as st
+
 from ds_gravac.adapt.auto.controller import AutoController
 from ds_gravac.adapt.auto.ladder import RANKS
 from ds_gravac.adapt.auto.timing import Pricer, link_fits
@@ -99,3 +101,16 @@ def _exact_signals(ctl: AutoController, exact: str, rank: int) -> tuple[GroupSig
     prefix = tuple(energy * sum(spectrum[:r]) / sum(spectrum) for r in RANKS)
     out[g.index] = GroupSignal(den=energy, applied=energy, prefix=prefix)
     return tuple(out)
+
+
+# values on a grid of quarters: sums are exact in float64, so ties are real and the tie rule is tested
+quarters = st.integers(0, 24).map(lambda v: v / 4)
+
+
+@st.composite
+def instances(draw):
+    groups = draw(st.integers(1, 5))
+    sizes = [draw(st.integers(1, 4)) for _ in range(groups)]
+    times = [[draw(quarters) for _ in range(k)] for k in sizes]
+    errors = [[draw(quarters) for _ in range(k)] for k in sizes]
+    return times, errors, draw(st.integers(0, 60).map(lambda v: v / 4))

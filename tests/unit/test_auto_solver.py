@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ds_gravac.adapt.auto.solver import Hysteresis, solve, totals
+from auto_cases import instances, quarters
 
 BRUTE_EXAMPLES = 400
 
@@ -25,19 +26,6 @@ def brute(times, errors, budget, caps=None) -> Optional[tuple]:
         if e <= budget and capped and (best is None or (t, e, codes) < best):
             best = (t, e, codes)
     return best
-
-
-# values on a grid of quarters: sums are exact in float64, so ties are real and the tie rule is tested
-quarters = st.integers(0, 24).map(lambda v: v / 4)
-
-
-@st.composite
-def instances(draw):
-    groups = draw(st.integers(1, 5))
-    sizes = [draw(st.integers(1, 4)) for _ in range(groups)]
-    times = [[draw(quarters) for _ in range(k)] for k in sizes]
-    errors = [[draw(quarters) for _ in range(k)] for k in sizes]
-    return times, errors, draw(st.integers(0, 60).map(lambda v: v / 4))
 
 
 @settings(max_examples=BRUTE_EXAMPLES, deadline=None, derandomize=True)

@@ -3,7 +3,7 @@
 The reference is the family's validated level on every group (rank 16, 8 bits, CF 30) — over low rank, a group
 that some rank of its ladder sends exactly takes the smallest such rank instead (:func:`exact_reference`); β is
 ``budget_tight`` at the start, after a learning-rate drop and when the norm-change rule fired, ``budget_quiet``
-otherwise.
+otherwise. With ``tight_time_slack`` a tight phase lowers β only as far as time allows (:func:`time_bounded_total`).
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 
 from ...config import AutoConfig
 from .ladder import LOWRANK, QSGD, Group
-from .solver import totals
+from .solver import solve, totals
 
 
 @dataclass(frozen=True)
@@ -45,9 +45,31 @@ def exact_reference(groups: Sequence[Group], errors: Sequence[Sequence[float]], 
     return out
 
 
+def time_bounded_total(times: Sequence[Sequence[float]], errors: Sequence[Sequence[float]], quiet: Budget,
+                       tight_total: float, slack: float, compute_s: float) -> float:
+    """A tight phase's error budget bounded by time: the least summed error of any plan (within the quiet caps)
+    whose predicted exchange stays within ``slack`` of a step of the quiet plan's, and never less than
+    ``tight_total``.
+
+    Why: "dense where cheap" read literally. On ``lstm_long`` at 100 Mbit/s the fixed tight β made 200–350 of each
+    run's steps 2.5–3× slower (0.70–0.86 s against 0.26–0.28 s) and bought no step to target (docs/algorithms.md
+    §8); bounded by time, a tight phase spends what a slow link leaves over and a fast one sends dense. Computed as
+    the same knapsack with the roles swapped (least error under a time budget); ``compute_s`` is the last
+    measured compute (0 before one: the bound is then on the exchange alone)."""
+    fast = solve(times, errors, quiet.total, reference=quiet.reference or None, caps=quiet.caps)
+    bound = fast.time + slack * (max(0.0, compute_s) + fast.time)
+    over_cap = sum(max(row) for row in times) + bound + 1.0      # a level above its quiet cap never fits the bound
+    priced = [[t if quiet.caps is None or e <= quiet.caps[g] else over_cap for t, e in zip(trow, erow)]
+              for g, (trow, erow) in enumerate(zip(times, errors))]
+    least = solve(errors, priced, bound)            # roles swapped: the least Σ e subject to Σ t ≤ bound
+    found = least.time if least.feasible else fast.error     # the quiet plan fits the bound by construction
+    return max(float(tight_total), min(found, fast.error))
+
+
 def error_budget(auto: AutoConfig, family: str, times: Sequence[Sequence[float]],
                  errors: Sequence[Sequence[float]], reference: Sequence[int], tight: bool,
-                 signal: Optional[float] = None, groups: Optional[Sequence[Group]] = None) -> Budget:
+                 signal: Optional[float] = None, groups: Optional[Sequence[Group]] = None,
+                 compute_s: float = 0.0) -> Budget:
     """β times the reference's error; over a quantizer, while quiet, at least the variance that keeps
     ``S/(S + V)`` at ``efficiency_floor`` (``signal``: ``S``; 8 bits everywhere adds far less than a step's signal
     energy).
@@ -58,7 +80,7 @@ def error_budget(auto: AutoConfig, family: str, times: Sequence[Sequence[float]]
     quantizer the added variances sum exactly in ``S/(S + ΣV)``, so the sum alone is the model: no caps.
 
     ``groups`` (over low rank): the reference becomes :func:`exact_reference`'s; ``Budget.reference`` is the one
-    used."""
+    used. Tight with ``auto.tight_time_slack``: :func:`time_bounded_total`, under the quiet caps."""
     if groups is not None and family == LOWRANK:
         reference = exact_reference(groups, errors, reference)
     ref_t, ref_e = totals(times, errors, reference)
@@ -69,6 +91,10 @@ def error_budget(auto: AutoConfig, family: str, times: Sequence[Sequence[float]]
     caps = None
     if auto.group_cap is not None and family != QSGD:
         caps = tuple(float(auto.group_cap) * beta * errors[g][c] for g, c in enumerate(reference))
+    if tight and auto.tight_time_slack is not None:
+        quiet = error_budget(auto, family, times, errors, reference, False, signal)
+        total = time_bounded_total(times, errors, quiet, total, float(auto.tight_time_slack), compute_s)
+        caps = quiet.caps
     return Budget(ref_t, ref_e, total, caps, tuple(reference))
 
 

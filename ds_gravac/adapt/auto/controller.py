@@ -23,7 +23,8 @@ configured compressor — re-planned every ``interval_steps`` under an error bud
   ``auto.efficiency_floor`` allows). It broadcasts one int64 code per group plus the phase.
 * **Phases**: the budget is ``budget_tight`` for decisions within ``tight_steps`` of the start, of a drop of
   the agreed learning rate (a step-to-step decrease by at least ``lr_drop`` of it) and of a decision at which
-  Accordion's norm-change rule fired on some group (``detector_eta``), ``budget_quiet`` otherwise.
+  Accordion's norm-change rule fired on some group (``detector_eta``), ``budget_quiet`` otherwise; with
+  ``tight_time_slack`` a tight β only as low as keeps the step within that fraction of the quiet plan's.
 * **Refit**: each decision predicts the next interval's step (the last interval's measured step minus the
   predicted exchange of the plan it ran, plus the new plan's: the compute term is re-fitted every decision); a
   step off its prediction in one direction at two decisions in a row re-times the link on every rank before
@@ -223,7 +224,8 @@ class AutoController(Controller):
     def _budget(self, errors: list[list[float]], times: list[list[float]], tight: bool,
                 signals: GroupErrors | GroupLevelErrors) -> Budget:
         signal = signals.signal() if isinstance(signals, GroupLevelErrors) else None
-        return error_budget(self.config.auto, self.family, times, errors, self.reference, tight, signal, self.groups)
+        return error_budget(self.config.auto, self.family, times, errors, self.reference, tight, signal, self.groups,
+                            compute_s=float(self.last["compute"]))
 
     def _reference_now(self, signals: GroupErrors | GroupLevelErrors) -> list[int]:
         """The reference in force (``budget.exact_reference``: a group a rank sends exactly is referenced there)."""
