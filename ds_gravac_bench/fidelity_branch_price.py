@@ -29,6 +29,7 @@ from typing import Any, Optional, Sequence
 from ds_gravac_bench.fidelity_lead import BASELINE
 from ds_gravac_bench.fidelity_reference import reference_step
 from ds_gravac_bench.fidelity_time import PRICED
+from ds_gravac_bench.long_keep import REPORT_FILE, write_report
 from ds_gravac_bench.report import SKIP_STEPS, read_steps
 from ds_gravac_bench import step_kinds
 from ds_gravac_bench.step_kinds import KindPrice
@@ -144,14 +145,14 @@ def price(keep: Path, row_id: str, run_dir: Path, segment_dirs: Sequence[Path]
 def save_price(keep: Path, row_id: str, rate: str, entry: dict[str, Any]) -> None:
     """Keep ``entry`` as the row's time at ``rate``. A row trained at that rate has its own run's time there, which a
     price from segments must not replace."""
-    report = json.loads((keep / "fidelity.json").read_text())
+    report = json.loads((keep / REPORT_FILE).read_text())
     row = next((r for r in report["systems"] if r["id"] == row_id), None)
     if row is None:
-        raise SystemExit(f"fidelity_branch_price: {keep / 'fidelity.json'} has no row {row_id!r}")
+        raise SystemExit(f"fidelity_branch_price: {keep / REPORT_FILE} has no row {row_id!r}")
     if row.get("trained_at") == rate:
         raise SystemExit(f"fidelity_branch_price: {row_id!r} was trained at {rate}: its own run's time stands there")
     row["rates"] = {**row.get("rates", {}), rate: entry}
-    (keep / "fidelity.json").write_text(json.dumps(report, indent=1) + "\n")
+    write_report(keep, report)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
