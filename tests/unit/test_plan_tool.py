@@ -23,10 +23,20 @@ ROOT = Path(__file__).resolve().parents[2]
 DEFAULT = ROOT / "ds_configs" / "default.json"
 
 
+def tool_env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
+
+
 def plan(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
-    return subprocess.run([sys.executable, "-m", "ds_gravac.plan", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=600)
+    return subprocess.run([sys.executable, "-m", "ds_gravac.plan", *args], cwd=ROOT, env=tool_env(),
+                          capture_output=True, text=True, timeout=600)
+
+
+def as_zero3(config: dict) -> dict:
+    """The engine part of a ZeRO-3 config the planning process can build."""
+    config = {**config, "zero_optimization": {"stage": 3}, "zero_allow_untested_optimizer": True}
+    del config["scheduler"]       # torch's MultiStepLR does not take DeepSpeed's stage-3 optimizer wrapper
+    return config
 
 
 def _with_section(tmp_path: Path, section: dict, **engine: object) -> Path:
@@ -103,11 +113,8 @@ def test_auto_plans_show_its_reference_rank_16(tmp_path: Path) -> None:
 def test_an_unsupported_engine_is_refused_without_knock_on_refusals(tmp_path: Path) -> None:
     """Under ZeRO-3 every tensor is partitioned to nothing on the planning process; the checks after the engine's
     would only add refusals that follow from it ("no compressed tensor")."""
-    path = _with_section(tmp_path, {"mode": "auto", "compressor": "powersgd", "min_compress_numel": 16384},
-                         zero_optimization={"stage": 3}, zero_allow_untested_optimizer=True)
-    config = json.loads(path.read_text())
-    del config["scheduler"]       # torch's MultiStepLR does not take DeepSpeed's stage-3 optimizer wrapper
-    path.write_text(json.dumps(config))
+    path = _with_section(tmp_path, {"mode": "auto", "compressor": "powersgd", "min_compress_numel": 16384})
+    path.write_text(json.dumps(as_zero3(json.loads(path.read_text()))))
     out = plan(str(path), "--model", "resnet18")
     assert out.returncode == 2, out.stdout + out.stderr
     refused = out.stdout.split("refused at attach (1):\n", 1)[1].splitlines()
@@ -119,18 +126,14 @@ def test_the_tool_exits_before_the_interpreter_finalizes(tmp_path: Path) -> None
     report, when a gloo run-loop thread of the throwaway engine asked for the GIL during finalization. The tool now
     exits once the report is flushed: an atexit handler (which runs only if finalization does) never fires, and the
     report and its status are whole."""
-    path = _with_section(tmp_path, {"mode": "static"}, zero_optimization={"stage": 3},
-                         zero_allow_untested_optimizer=True)
-    config = json.loads(path.read_text())
-    del config["scheduler"]
-    path.write_text(json.dumps(config))
+    path = _with_section(tmp_path, {"mode": "static"})
+    path.write_text(json.dumps(as_zero3(json.loads(path.read_text()))))
     marker = tmp_path / "finalized"
     script = (f"import atexit, pathlib, runpy, sys\n"
               f"atexit.register(pathlib.Path({str(marker)!r}).write_text, 'finalized')\n"
               f"sys.argv = ['ds_gravac.plan', {str(path)!r}, '--model', 'resnet18']\n"
               f"runpy.run_module('ds_gravac.plan', run_name='__main__')\n")
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
-    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=tool_env(), capture_output=True, text=True,
                          timeout=600)
     assert out.returncode == 2, out.stdout + out.stderr
     assert "refused at attach (1):" in out.stdout and "stage 3 is not supported" in out.stdout
@@ -178,8 +181,7 @@ def test_refusals_are_attach_messages_and_exit_two(case: str, tmp_path: Path) ->
     config = json.loads(DEFAULT.read_text())
     section: dict = {"decision_source": "rank0"}
     if case == "zero3":
-        config.update(zero_optimization={"stage": 3}, zero_allow_untested_optimizer=True)
-        del config["scheduler"]       # torch's MultiStepLR does not take DeepSpeed's stage-3 optimizer wrapper
+        config = as_zero3(config)
     else:
         section.update(mode="accordion", compressor="topk", accordion={"interval_steps": 10},
                        min_compress_numel=10**9)
