@@ -1,0 +1,192 @@
+"""Can a budget tell where a low rank is harmless? Low-rank error against the averaged gradient's sampling noise,
+on a long task's dense trajectory, offline.
+
+    python -m ds_gravac_bench.noise_probe --task lstm_long --steps 1000 --every 50 --out runs/probe-lstm.json
+    python -m ds_gravac_bench.noise_probe --summary docs/bench/long/noise_probe.json runs/probe-*.json
+
+Why: `auto`'s budget is β times rank 16's error, so its quiet plan steps as rank 16 does; rank 4 everywhere trains as
+well as rank 16 on `resnet18_long` and ends 7% above dense on `lstm_long` (docs/algorithms.md §8). A budget that
+separates the two must order them the other way round from "relative to rank 16": this tool measures three candidate
+normalizations of the same error on both tasks.
+
+Two simulated ranks in one process, each with its own shard of the runner's own task (data, model, loss), trained
+dense with the task's optimizer settings (SGD, momentum 0.9, the dense config's lr and clipping, the long schedule's
+warm-up). Every ``--every`` steps, per compressible matrix (≥ 2 dimensions, ≥ 16,384 elements, viewed as PowerSGD
+views it): the averaged gradient's energy ``S = ‖ḡ‖²``, its sampling noise ``N`` (:func:`mean_noise`), and at each
+rank r the unsent energy of ``ḡ`` (SVD tail) and the residual in flight ``S·u/(1 − u)`` (error_model). Nothing is
+asserted: the ratios are the finding.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from ds_gravac.adapt.auto.error_model import residual_in_flight, svd_unsent
+
+RANKS = (1, 2, 4, 8, 16, 32, 64)
+MIN_NUMEL = 16384
+# task: (runner arguments, micro batch, lr, clipping, warm-up steps) as ds_gravac_bench.fidelity.TASKS runs them
+TASKS: dict[str, tuple[tuple[str, ...], int, float, float, int]] = {
+    "lstm_long": (("--deepspeed_config", "ds_configs/lstm_dense.json", "--lstm-size", "small"), 20, 2.0, 0.25, 100),
+    "resnet18_long": (("--deepspeed_config", "ds_configs/resnet101_dense.json", "--model", "resnet18",
+                       "--num-classes", "100", "--synthetic-noise", "12", "--synthetic-size", "400000"),
+                      32, 0.02, 0.0, 300),
+}
+
+
+def mean_noise(per_rank: Sequence[torch.Tensor]) -> tuple[float, float]:
+    """``(S, N)`` of the mean of n ranks' gradients: ``S = ‖ḡ‖²`` and ``N = (mean_i ‖g_i‖² − S)/(n − 1)``.
+
+    Why this estimator: with ``g_i = G + ε_i`` (independent, covariance Σ), ``E mean_i ‖g_i‖² = ‖G‖² + tr Σ`` and
+    ``E ‖ḡ‖² = ‖G‖² + tr Σ / n``, so the difference is ``tr Σ (n − 1)/n`` and ``N`` estimates ``tr Σ / n``, the
+    noise the average keeps."""
+    n = len(per_rank)
+    if n < 2:
+        raise ValueError("mean_noise needs at least 2 ranks")
+    xs = [g.double() for g in per_rank]
+    mean = sum(xs) / n
+    s = float((mean * mean).sum())
+    p = sum(float((x * x).sum()) for x in xs) / n
+    return s, (p - s) / (n - 1)
+
+
+def sample(per_rank: Sequence[Sequence[torch.Tensor]], ranks: Sequence[int] = RANKS,
+           min_numel: int = MIN_NUMEL) -> dict[str, Any]:
+    """One step's totals over the compressible matrices: ``S``, ``N``, and per rank the unsent energy and the
+    residual in flight (summed per matrix)."""
+    total_s = total_n = 0.0
+    unsent = {r: 0.0 for r in ranks}
+    inflight = {r: 0.0 for r in ranks}
+    for tensors in zip(*per_rank):
+        if tensors[0].dim() < 2 or tensors[0].numel() < min_numel:
+            continue
+        s, n = mean_noise(tensors)
+        total_s, total_n = total_s + s, total_n + n
+        mean = sum(t.double() for t in tensors) / len(tensors)
+        for r, tail in zip(ranks, svd_unsent(mean.reshape(mean.shape[0], -1), ranks)):
+            unsent[r] += tail
+            inflight[r] += residual_in_flight(tail, s)
+    return {"S": total_s, "N": total_n, "unsent": unsent, "inflight": inflight}
+
+
+class _Forward:
+    """What a runner's ``Task.loss`` needs of a system: the module and its forward."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.module = module
+
+    def forward(self, *inputs: Any) -> Any:
+        return self.module(*inputs)
+
+
+def _tasks(name: str, world: int) -> tuple[list[Any], Any]:
+    from runners.common import DistInfo
+
+    extra, micro, *_ = TASKS[name]
+    if name == "lstm_long":
+        from runners.train_ptb import PTBTask as cls, parse_args
+    else:
+        from runners.train_cifar import CifarTask as cls, parse_args   # type: ignore[assignment]
+    args = parse_args(list(extra))
+    shards = []
+    for rank in range(world):
+        task = cls()
+        task.check_data(args)
+        task.setup(args, DistInfo(rank, world, rank), micro, torch.device("cpu"))
+        shards.append(task)
+    return shards, args
+
+
+def probe(name: str, steps: int, every: int, world: int = 2) -> list[dict[str, Any]]:
+    """The dense trajectory's samples at steps ``every, 2·every, …, steps``."""
+    _, _, lr, clip, warmup = TASKS[name]
+    shards, args = _tasks(name, world)
+    torch.manual_seed(args.seed)
+    model = shards[0].build_model(args)
+    model.train()
+    forward = _Forward(model)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=1e-4)
+    rows: list[dict[str, Any]] = []
+    for step in range(steps + 1):
+        for group in opt.param_groups:
+            group["lr"] = lr * min(1.0, (step + 1) / warmup)
+        grads, losses = [], []
+        for shard in shards:
+            model.zero_grad(set_to_none=True)
+            loss = shard.loss(forward, shard.micro_batch(step))
+            loss.backward()
+            losses.append(float(loss.detach()))
+            grads.append([p.grad.detach().clone() for p in model.parameters()])
+        if step > 0 and step % every == 0:
+            rows.append({"step": step, "loss": sum(losses) / world, **sample(grads)})
+            print(f"[noise_probe] {name} step {step}: " + ratios_line(rows[-1]), flush=True)
+        for p, *gs in zip(model.parameters(), *grads):
+            p.grad = sum(gs) / world
+        if clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+    return rows
+
+
+def ratios_line(row: dict[str, Any], ranks: Sequence[int] = (4, 8, 16)) -> str:
+    s, n = row["S"], row["N"]
+    return f"N/S {n / s:.2f} " + " ".join(
+        f"r{r}: u {row['unsent'][r] / s:.2f}, M/N {row['inflight'][r] / n:.2f}" for r in ranks)
+
+
+def summarize(rows: Sequence[dict[str, Any]], after: int, ranks: Sequence[int] = (4, 8, 16)) -> dict[str, Any]:
+    """Per rank, over the samples past ``after`` (the warm-up): the unsent fraction u, the residual in flight
+    against the noise (M/N) and against rank 16's (M/M16), as mean, min and max."""
+    kept = [r for r in rows if r["step"] > after]
+
+    def stats(values: list[float]) -> dict[str, float]:
+        return {"mean": round(statistics.fmean(values), 3), "min": round(min(values), 3),
+                "max": round(max(values), 3)}
+    out: dict[str, Any] = {"samples": len(kept), "N/S": stats([r["N"] / r["S"] for r in kept])}
+    for rank in ranks:
+        out[f"r{rank}"] = {
+            "u": stats([r["unsent"][rank] / r["S"] for r in kept]),
+            "M/N": stats([r["inflight"][rank] / r["N"] for r in kept]),
+            "M/M16": stats([r["inflight"][rank] / r["inflight"][16] for r in kept])}
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--task", choices=sorted(TASKS))
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--every", type=int, default=50)
+    p.add_argument("--out", default=None, help="the samples as JSON")
+    p.add_argument("--summary", nargs="+", metavar=("OUT", "SAMPLES"),
+                   help="write OUT from earlier --out files: per task, the ratios past its warm-up")
+    opts = p.parse_args(argv)
+    if opts.summary:
+        out, *inputs = opts.summary
+        table = {}
+        for path in inputs:
+            run = json.loads(Path(path).read_text())
+            rows = [{**r, "unsent": {int(k): v for k, v in r["unsent"].items()},
+                     "inflight": {int(k): v for k, v in r["inflight"].items()}} for r in run["samples"]]
+            table[run["task"]] = {"steps": run["steps"], **summarize(rows, TASKS[run["task"]][4])}
+        Path(out).write_text(json.dumps({"command": "python -m ds_gravac_bench.noise_probe --task TASK --steps 1000 --every 50 --out runs/probe-TASK.json, then --summary (module docstring)",
+                                         "tasks": table}, indent=1) + "\n")
+        print(json.dumps(table, indent=1))
+        return
+    if not opts.task:
+        p.error("--task or --summary is required")
+    torch.set_num_threads(1)
+    started = time.time()
+    rows = probe(opts.task, opts.steps, opts.every)
+    print(f"[noise_probe] {opts.task}: {len(rows)} samples in {time.time() - started:.0f} s")
+    if opts.out:
+        Path(opts.out).write_text(json.dumps({"task": opts.task, "steps": opts.steps, "samples": rows}) + "\n")
+
+
+if __name__ == "__main__":
+    main()
