@@ -1,5 +1,6 @@
-"""Can a budget tell where a low rank is harmless? Low-rank error against the averaged gradient's sampling noise,
-on a long task's dense trajectory, offline.
+"""Can an error budget tell where a low rank is harmless? An offline probe on a long task's dense trajectory.
+
+Low-rank error against rank 16's, as unsent fraction, and against the averaged gradient's sampling noise.
 
     python -m ds_gravac_bench.noise_probe --task lstm_long --steps 1000 --every 50 --out runs/probe-lstm.json
     python -m ds_gravac_bench.noise_probe --summary docs/bench/long/noise_probe.json runs/probe-*.json
