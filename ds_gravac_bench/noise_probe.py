@@ -143,8 +143,10 @@ def ratios_line(row: dict[str, Any], ranks: Sequence[int] = (4, 8, 16)) -> str:
 
 def summarize(rows: Sequence[dict[str, Any]], after: int, ranks: Sequence[int] = (4, 8, 16)) -> dict[str, Any]:
     """Per rank, over the samples past ``after`` (the warm-up): the unsent fraction u, the residual in flight
-    against the noise (M/N) and against rank 16's (M/M16), as mean, min and max."""
+    against the noise (M/N) and against rank 16's (M/M16), as mean, min and max (only the count without any)."""
     kept = [r for r in rows if r["step"] > after]
+    if not kept:
+        return {"samples": 0}                   # a probe shorter than the warm-up: nothing to summarize
 
     def stats(values: list[float]) -> dict[str, float]:
         return {"mean": round(statistics.fmean(values), 3), "min": round(min(values), 3),

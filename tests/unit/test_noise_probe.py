@@ -52,3 +52,24 @@ def test_summary_skips_the_warm_up_and_reports_each_ratio():
     assert out["r4"]["M/N"] == {"mean": 1.75, "min": 1.5, "max": 2.0}
     assert out["r4"]["M/M16"] == {"mean": 3.5, "min": 3.0, "max": 4.0}
     assert out["r16"]["u"] == {"mean": 0.075, "min": 0.05, "max": 0.1}
+
+
+def test_the_tool_samples_a_real_task_and_summarizes_its_file(tmp_path):
+    """Two steps of `lstm_long` through the runner's own task: every sample's unsent energy falls with the rank and
+    never exceeds the energy; the summary reads the file back."""
+    import json
+
+    from ds_gravac_bench.noise_probe import RANKS, main
+
+    out = tmp_path / "probe.json"
+    main(["--task", "lstm_long", "--steps", "2", "--every", "1", "--out", str(out)])
+    run = json.loads(out.read_text())
+    assert [s["step"] for s in run["samples"]] == [1, 2]
+    for s in run["samples"]:
+        unsent = [s["unsent"][str(r)] for r in RANKS]
+        assert s["S"] > 0 and s["N"] > 0
+        assert all(0.0 <= b <= a <= s["S"] * (1 + 1e-9) for a, b in zip(unsent, unsent[1:]))
+    summary = tmp_path / "summary.json"
+    main(["--summary", str(summary), str(out)])
+    table = json.loads(summary.read_text())["tasks"]
+    assert table["lstm_long"]["samples"] == 0       # both samples are inside the 100-step warm-up
