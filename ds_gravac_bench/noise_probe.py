@@ -23,6 +23,7 @@ import argparse
 import json
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -32,13 +33,40 @@ from ds_gravac.adapt.auto.error_model import residual_in_flight, svd_unsent
 
 RANKS = (1, 2, 4, 8, 16, 32, 64)
 MIN_NUMEL = 16384
-# task: (runner arguments, micro batch, lr, clipping, warm-up steps) as ds_gravac_bench.fidelity.TASKS runs them
-TASKS: dict[str, tuple[tuple[str, ...], int, float, float, int]] = {
-    "lstm_long": (("--deepspeed_config", "ds_configs/lstm_dense.json", "--lstm-size", "small"), 20, 2.0, 0.25, 100),
-    "resnet18_long": (("--deepspeed_config", "ds_configs/resnet101_dense.json", "--model", "resnet18",
-                       "--num-classes", "100", "--synthetic-noise", "12", "--synthetic-size", "400000"),
-                      32, 0.02, 0.0, 300),
-}
+PROBED = ("lstm_long", "resnet18_long")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What the probe trains as the benchmark does: the runner's arguments and the dense config's optimizer."""
+
+    runner_args: tuple[str, ...]
+    micro_batch: int
+    lr: float
+    momentum: float
+    weight_decay: float
+    clip: float
+    warmup: int
+
+
+def setting(name: str) -> Setting:
+    """The task as ``ds_gravac_bench.fidelity.TASKS`` runs it: its runner arguments (schedule included) and its
+    model's dense config in ds_configs/, the task's lr and micro batch overriding the config's."""
+    from ds_gravac_bench.e2e import BASE_CONFIGS, ROOT
+    from ds_gravac_bench.fidelity import TASKS
+
+    task = TASKS[name]
+    path = ROOT / "ds_configs" / BASE_CONFIGS[task.model]
+    cfg = json.loads(path.read_text())
+    params = cfg["optimizer"]["params"]
+    model = () if task.model == "lstm" else ("--model", task.model)
+    extra = list(task.runner_extra)
+    warmup = int(extra[extra.index("--lr-warmup") + 1]) if "--lr-warmup" in extra else 0
+    return Setting(("--deepspeed_config", str(path), *model, *task.runner_extra),
+                   int(task.micro_batch or cfg["train_micro_batch_size_per_gpu"]),
+                   float(task.lr if task.lr is not None else params["lr"]), float(params.get("momentum", 0.0)),
+                   float(params.get("weight_decay", 0.0)), float(cfg.get("gradient_clipping", 0.0)),
+                   warmup)
 
 
 def mean_noise(per_rank: Sequence[torch.Tensor]) -> tuple[float, float]:
@@ -86,33 +114,33 @@ class _Forward:
         return self.module(*inputs)
 
 
-def _tasks(name: str, world: int) -> tuple[list[Any], Any]:
+def _tasks(name: str, world: int) -> tuple[list[Any], Any, Setting]:
     from runners.common import DistInfo
 
-    extra, micro, *_ = TASKS[name]
+    how = setting(name)
     if name == "lstm_long":
         from runners.train_ptb import PTBTask as cls, parse_args
     else:
         from runners.train_cifar import CifarTask as cls, parse_args   # type: ignore[assignment]
-    args = parse_args(list(extra))
+    args = parse_args(list(how.runner_args))
     shards = []
     for rank in range(world):
         task = cls()
         task.check_data(args)
-        task.setup(args, DistInfo(rank, world, rank), micro, torch.device("cpu"))
+        task.setup(args, DistInfo(rank, world, rank), how.micro_batch, torch.device("cpu"))
         shards.append(task)
-    return shards, args
+    return shards, args, how
 
 
 def probe(name: str, steps: int, every: int, world: int = 2) -> list[dict[str, Any]]:
     """The dense trajectory's samples at steps ``every, 2·every, …, steps``."""
-    _, _, lr, clip, warmup = TASKS[name]
-    shards, args = _tasks(name, world)
+    shards, args, how = _tasks(name, world)
+    lr, clip, warmup = how.lr, how.clip, max(1, how.warmup)
     torch.manual_seed(args.seed)
     model = shards[0].build_model(args)
     model.train()
     forward = _Forward(model)
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=1e-4)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=how.momentum, weight_decay=how.weight_decay)
     rows: list[dict[str, Any]] = []
     for step in range(steps + 1):
         for group in opt.param_groups:
@@ -162,7 +190,7 @@ def summarize(rows: Sequence[dict[str, Any]], after: int, ranks: Sequence[int] =
 
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--task", choices=sorted(TASKS))
+    p.add_argument("--task", choices=PROBED)
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--every", type=int, default=50)
     p.add_argument("--out", default=None, help="the samples as JSON")
@@ -176,7 +204,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             run = json.loads(Path(path).read_text())
             rows = [{**r, "unsent": {int(k): v for k, v in r["unsent"].items()},
                      "inflight": {int(k): v for k, v in r["inflight"].items()}} for r in run["samples"]]
-            table[run["task"]] = {"steps": run["steps"], **summarize(rows, TASKS[run["task"]][4])}
+            table[run["task"]] = {"steps": run["steps"], **summarize(rows, setting(run["task"]).warmup)}
         Path(out).write_text(json.dumps({"command": "python -m ds_gravac_bench.noise_probe --task TASK --steps 1000 --every 50 --out runs/probe-TASK.json, then --summary (module docstring)",
                                          "tasks": table}, indent=1) + "\n")
         print(json.dumps(table, indent=1))
