@@ -30,10 +30,13 @@ from typing import Any, Sequence
 import torch
 
 from ds_gravac.adapt.auto.error_model import residual_in_flight, svd_unsent
+from runners.schedule import StepSchedule, from_args
 
 RANKS = (1, 2, 4, 8, 16, 32, 64)
 MIN_NUMEL = 16384
 PROBED = ("lstm_long", "resnet18_long")
+COMMAND = ("python -m ds_gravac_bench.noise_probe --task TASK --steps 1000 --every 50 --out runs/probe-TASK.json, "
+           "then --summary (module docstring)")
 
 
 @dataclass(frozen=True)
@@ -46,12 +49,11 @@ class Setting:
     momentum: float
     weight_decay: float
     clip: float
-    warmup: int
 
 
 def setting(name: str) -> Setting:
-    """The task as ``ds_gravac_bench.fidelity.TASKS`` runs it: its runner arguments (schedule included) and its
-    model's dense config in ds_configs/, the task's lr and micro batch overriding the config's."""
+    """The task as ``ds_gravac_bench.fidelity.TASKS`` runs it: its runner arguments (budget and schedule included)
+    and its model's dense config in ds_configs/, the task's lr and micro batch overriding the config's."""
     from ds_gravac_bench.e2e import BASE_CONFIGS, ROOT
     from ds_gravac_bench.fidelity import TASKS
 
@@ -60,13 +62,10 @@ def setting(name: str) -> Setting:
     cfg = json.loads(path.read_text())
     params = cfg["optimizer"]["params"]
     model = () if task.model == "lstm" else ("--model", task.model)
-    extra = list(task.runner_extra)
-    warmup = int(extra[extra.index("--lr-warmup") + 1]) if "--lr-warmup" in extra else 0
-    return Setting(("--deepspeed_config", str(path), *model, *task.runner_extra),
+    return Setting(("--deepspeed_config", str(path), *model, "--steps", str(task.steps), *task.runner_extra),
                    int(task.micro_batch or cfg["train_micro_batch_size_per_gpu"]),
                    float(task.lr if task.lr is not None else params["lr"]), float(params.get("momentum", 0.0)),
-                   float(params.get("weight_decay", 0.0)), float(cfg.get("gradient_clipping", 0.0)),
-                   warmup)
+                   float(params.get("weight_decay", 0.0)), float(cfg.get("gradient_clipping", 0.0)))
 
 
 def mean_noise(per_rank: Sequence[torch.Tensor]) -> tuple[float, float]:
@@ -75,6 +74,12 @@ def mean_noise(per_rank: Sequence[torch.Tensor]) -> tuple[float, float]:
     Why this estimator: with ``g_i = G + ε_i`` (independent, covariance Σ), ``E mean_i ‖g_i‖² = ‖G‖² + tr Σ`` and
     ``E ‖ḡ‖² = ‖G‖² + tr Σ / n``, so the difference is ``tr Σ (n − 1)/n`` and ``N`` estimates ``tr Σ / n``, the
     noise the average keeps."""
+    _, s, n = _moments(per_rank)
+    return s, n
+
+
+def _moments(per_rank: Sequence[torch.Tensor]) -> tuple[torch.Tensor, float, float]:
+    """The float64 mean of the ranks' tensors with :func:`mean_noise`'s ``S`` and ``N``."""
     n = len(per_rank)
     if n < 2:
         raise ValueError("mean_noise needs at least 2 ranks")
@@ -82,7 +87,7 @@ def mean_noise(per_rank: Sequence[torch.Tensor]) -> tuple[float, float]:
     mean = sum(xs) / n
     s = float((mean * mean).sum())
     p = sum(float((x * x).sum()) for x in xs) / n
-    return s, (p - s) / (n - 1)
+    return mean, s, (p - s) / (n - 1)
 
 
 def sample(per_rank: Sequence[Sequence[torch.Tensor]], ranks: Sequence[int] = RANKS,
@@ -95,9 +100,8 @@ def sample(per_rank: Sequence[Sequence[torch.Tensor]], ranks: Sequence[int] = RA
     for tensors in zip(*per_rank):
         if tensors[0].dim() < 2 or tensors[0].numel() < min_numel:
             continue
-        s, n = mean_noise(tensors)
+        mean, s, n = _moments(tensors)
         total_s, total_n = total_s + s, total_n + n
-        mean = sum(t.double() for t in tensors) / len(tensors)
         for r, tail in zip(ranks, svd_unsent(mean.reshape(mean.shape[0], -1), ranks)):
             unsent[r] += tail
             inflight[r] += residual_in_flight(tail, s)
@@ -114,15 +118,30 @@ class _Forward:
         return self.module(*inputs)
 
 
-def _tasks(name: str, world: int) -> tuple[list[Any], Any, Setting]:
-    from runners.common import DistInfo
+def _runner(name: str) -> tuple[Any, Any, Setting]:
+    """The runner's task class, its argument parser's result for the task, and the task's setting."""
+    from ds_gravac_bench.fidelity import TASKS
 
     how = setting(name)
-    if name == "lstm_long":
+    if TASKS[name].model == "lstm":
         from runners.train_ptb import PTBTask as cls, parse_args
     else:
         from runners.train_cifar import CifarTask as cls, parse_args   # type: ignore[assignment]
-    args = parse_args(list(how.runner_args))
+    return cls, parse_args(list(how.runner_args)), how
+
+
+def schedule_of(name: str) -> StepSchedule:
+    """The task's lr schedule, as its runner builds it from the same arguments."""
+    schedule = from_args(_runner(name)[1])
+    if schedule is None:
+        raise ValueError(f"{name}: the probe needs the long tasks' warm-up schedule")
+    return schedule
+
+
+def _tasks(name: str, world: int) -> tuple[list[Any], Any, Setting]:
+    from runners.common import DistInfo
+
+    cls, args, how = _runner(name)
     shards = []
     for rank in range(world):
         task = cls()
@@ -135,16 +154,16 @@ def _tasks(name: str, world: int) -> tuple[list[Any], Any, Setting]:
 def probe(name: str, steps: int, every: int, world: int = 2) -> list[dict[str, Any]]:
     """The dense trajectory's samples at steps ``every, 2·every, …, steps``."""
     shards, args, how = _tasks(name, world)
-    lr, clip, warmup = how.lr, how.clip, max(1, how.warmup)
+    schedule = schedule_of(name)
     torch.manual_seed(args.seed)
     model = shards[0].build_model(args)
     model.train()
     forward = _Forward(model)
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=how.momentum, weight_decay=how.weight_decay)
+    opt = torch.optim.SGD(model.parameters(), lr=how.lr, momentum=how.momentum, weight_decay=how.weight_decay)
     rows: list[dict[str, Any]] = []
     for step in range(steps + 1):
         for group in opt.param_groups:
-            group["lr"] = lr * min(1.0, (step + 1) / warmup)
+            group["lr"] = how.lr * schedule.factor(step)
         grads, losses = [], []
         for shard in shards:
             model.zero_grad(set_to_none=True)
@@ -157,8 +176,8 @@ def probe(name: str, steps: int, every: int, world: int = 2) -> list[dict[str, A
             print(f"[noise_probe] {name} step {step}: " + ratios_line(rows[-1]), flush=True)
         for p, *gs in zip(model.parameters(), *grads):
             p.grad = sum(gs) / world
-        if clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        if how.clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), how.clip)
         opt.step()
     return rows
 
@@ -204,9 +223,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             run = json.loads(Path(path).read_text())
             rows = [{**r, "unsent": {int(k): v for k, v in r["unsent"].items()},
                      "inflight": {int(k): v for k, v in r["inflight"].items()}} for r in run["samples"]]
-            table[run["task"]] = {"steps": run["steps"], **summarize(rows, setting(run["task"]).warmup)}
-        Path(out).write_text(json.dumps({"command": "python -m ds_gravac_bench.noise_probe --task TASK --steps 1000 --every 50 --out runs/probe-TASK.json, then --summary (module docstring)",
-                                         "tasks": table}, indent=1) + "\n")
+            table[run["task"]] = {"steps": run["steps"], **summarize(rows, schedule_of(run["task"]).warmup)}
+        Path(out).write_text(json.dumps({"command": COMMAND, "tasks": table}, indent=1) + "\n")
         print(json.dumps(table, indent=1))
         return
     if not opts.task:
