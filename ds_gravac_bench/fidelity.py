@@ -33,6 +33,7 @@ from ds_gravac_bench.fidelity_reference import REFERENCE_STEPS, needs_reference,
 from ds_gravac_bench.fidelity_runs import SAME_SETTINGS, as_paths, cluster_runs, load_dirs, match_key
 from ds_gravac_bench.fidelity_time import adaptive, first_eval_reach, first_reach, quiet_counts, time_at_rate
 from ds_gravac_bench.gravac_label import system_label
+from ds_gravac_bench.loss_target import loss_target
 from ds_gravac_bench.report import shown_path
 from ds_gravac_bench.systems import jitter_control_of
 
@@ -178,7 +179,7 @@ def build(dirs: Sequence[Path] | Path, clusters: dict[str, Sequence[Path] | Path
     ref = curves[ref_id]
     task = meta.get("fidelity") or {}
     fraction = target_fraction or task.get("target_fraction") or TARGET_FRACTION
-    target = ref["smoothed"][max(0, int(fraction * len(ref["smoothed"])) - 1)]
+    target, excursion = loss_target(ref["smoothed"], fraction)
     margin, dense_top1 = task.get("top1_margin"), ref["eval"].get("eval/top1")
     top1_target = dense_top1 - margin if margin is not None and dense_top1 is not None else None
     cluster_curves = {rate: cluster_runs(as_paths(path)) for rate, path in clusters.items()}
@@ -214,7 +215,7 @@ def build(dirs: Sequence[Path] | Path, clusters: dict[str, Sequence[Path] | Path
         if r.get("trained_at"):
             r["verdict"] = _verdict(r, ref, ref_id)
     return {"model": meta["model"], "steps": meta["steps"], "reference": ref_id, "target_loss": target,
-            "target_fraction": fraction, "top1_target": top1_target, "top1_margin": margin,
+            "target_fraction": fraction, "target_excursion": excursion, "top1_target": top1_target, "top1_margin": margin,
             "noise_floor": noise_floor(rows, ref_id), "failures": _failures(as_paths(dirs), curves),
             "skipped": skipped, "env": meta.get("env"), "runs": [shown_path(p) for p in as_paths(dirs)],
             "clusters": {k: ", ".join(shown_path(p) for p in as_paths(v)) for k, v in clusters.items()}, "systems": rows}

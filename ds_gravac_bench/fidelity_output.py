@@ -5,9 +5,18 @@ from __future__ import annotations
 import itertools
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 NOISE_CONTROL = "ds_dense_jitter"
+
+
+def _excursion(replaced: Optional[dict[str, Any]]) -> str:
+    """What the loss target replaced (:mod:`ds_gravac_bench.loss_target`), or nothing."""
+    if not replaced:
+        return ""
+    lo, hi = replaced["window"]
+    return (f" (the median of the smoothed curve over steps {lo:,}–{hi:,}: its value at that step, "
+            f"{replaced['point']:.4f}, lies {replaced['z']:+.1f} robust standard deviations off it)")
 
 
 def _fmt(x: Any, spec: str = ".3f") -> str:
@@ -28,7 +37,7 @@ def markdown(res: dict[str, Any]) -> str:
     head.append("bounds")
     lines = [f"# Fidelity — {res['model']}, {res['steps']} steps, 2 ranks",
              "", f"Target: {res['reference']}'s smoothed loss at {round(100 * res['target_fraction'])}% of the budget "
-             f"= {res['target_loss']:.4f}" + (f"; held-out top-1 {100 * res['top1_target']:.2f}% ({res['reference']}'s "
+             f"= {res['target_loss']:.4f}" + _excursion(res.get("target_excursion")) + (f"; held-out top-1 {100 * res['top1_target']:.2f}% ({res['reference']}'s "
                                                f"final minus {100 * res['top1_margin']:g} point)" if top1 else "")
              + ". Bounds: final loss ≤ dense + 5%, top-1 within 2 points / perplexity within "
              "5%, < 50% of dense's bytes, smoothed loss never more than 1% above its start.", ""]
