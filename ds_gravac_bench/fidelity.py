@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from ds_gravac_bench.fidelity_args import cluster_arg, clusters_of
-from ds_gravac_bench.fidelity_judge import RISE_TOLERANCE, judged
+from ds_gravac_bench.fidelity_judge import judged, rises
 from ds_gravac_bench.fidelity_output import NOISE_CONTROL, markdown, plots
 from ds_gravac_bench.fidelity_reference import REFERENCE_STEPS, needs_reference, reference_opts, reference_step
 from ds_gravac_bench.fidelity_runs import SAME_SETTINGS, as_paths, cluster_runs, load_dirs, match_key
@@ -199,7 +199,7 @@ def build(dirs: Sequence[Path] | Path, clusters: dict[str, Sequence[Path] | Path
             run = next((cl[k] for k in keys if k in cl), None)
             row["rates"][rate] = time_at_rate(run, row["steps_to_target"], sections[sid], target,
                                               row["steps_to_top1"], top1_target, row["quiet_steps"])
-        row["verdict"] = _verdict(row, ref, ref_id)
+        row["verdict"] = row_verdict(row, ref, ref_id)
         rows.append(row)
     skipped: list[str] = []
     for rate in clusters:
@@ -213,9 +213,10 @@ def build(dirs: Sequence[Path] | Path, clusters: dict[str, Sequence[Path] | Path
                 mine[out] = theirs / mine[key] if theirs and mine.get(key) else None
     for r in rows:
         if r.get("trained_at"):
-            r["verdict"] = _verdict(r, ref, ref_id)
+            r["verdict"] = row_verdict(r, ref, ref_id)
     return {"model": meta["model"], "steps": meta["steps"], "reference": ref_id, "target_loss": target,
-            "target_fraction": fraction, "target_excursion": excursion, "top1_target": top1_target, "top1_margin": margin,
+            "target_fraction": fraction, "target_excursion": excursion, "top1_target": top1_target,
+            "top1_margin": margin,
             "noise_floor": noise_floor(rows, ref_id), "failures": _failures(as_paths(dirs), curves),
             "skipped": skipped, "env": meta.get("env"), "runs": [shown_path(p) for p in as_paths(dirs)],
             "clusters": {k: ", ".join(shown_path(p) for p in as_paths(v)) for k, v in clusters.items()}, "systems": rows}
@@ -236,7 +237,7 @@ def _row(sid: str, c: dict[str, Any], section: Optional[dict[str, Any]],
            "final_loss": c["smoothed"][n - 1], "dense_loss": ref["smoothed"][n - 1],
            "gap": c["smoothed"][n - 1] / ref["smoothed"][n - 1] - 1.0,
            "bytes_ratio": c["mean_bytes"] / ref["mean_bytes"] if c["mean_bytes"] and ref["mean_bytes"] else None,
-           "rises": max(c["smoothed"]) > c["smoothed"][0] * (1 + RISE_TOLERANCE), "peak": max(c["smoothed"]),
+           "rises": rises(c["smoothed"], ref["smoothed"]), "peak": max(c["smoothed"]),
            "steps_to_target": first_reach(c["smoothed"], target),
            "steps_to_top1": first_eval_reach(c["evals"], top1_target) if top1_target is not None else None,
            "eval": c["eval"], "rates": {}}
@@ -308,7 +309,7 @@ def _last_error(system_dir: Path) -> str:
     return (hits or lines or ["no log"])[-1][:300]
 
 
-def _verdict(row: dict[str, Any], ref: dict[str, Any], ref_id: str) -> str:
+def row_verdict(row: dict[str, Any], ref: dict[str, Any], ref_id: str) -> str:
     """Which of the accuracy bounds a compressed row misses ("ok" when none). Another dense row (a control such
     as ``ds_dense_jitter``) is judged on the accuracy bounds alone, prefixed "control"."""
     if row["id"] == ref_id:

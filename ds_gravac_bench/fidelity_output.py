@@ -37,10 +37,11 @@ def markdown(res: dict[str, Any]) -> str:
     head.append("bounds")
     lines = [f"# Fidelity — {res['model']}, {res['steps']} steps, 2 ranks",
              "", f"Target: {res['reference']}'s smoothed loss at {round(100 * res['target_fraction'])}% of the budget "
-             f"= {res['target_loss']:.4f}" + _excursion(res.get("target_excursion")) + (f"; held-out top-1 {100 * res['top1_target']:.2f}% ({res['reference']}'s "
-                                               f"final minus {100 * res['top1_margin']:g} point)" if top1 else "")
-             + ". Bounds: final loss ≤ dense + 5%, top-1 within 2 points / perplexity within "
-             "5%, < 50% of dense's bytes, smoothed loss never more than 1% above its start.", ""]
+             f"= {res['target_loss']:.4f}" + _excursion(res.get("target_excursion"))
+             + (f"; held-out top-1 {100 * res['top1_target']:.2f}% ({res['reference']}'s final minus "
+                f"{100 * res['top1_margin']:g} point)" if top1 else "")
+             + ". Bounds: final loss ≤ dense + 5%, top-1 within 2 points / perplexity within 5%, < 50% of dense's "
+             "bytes, smoothed loss never more than 1% above its start and dense's peak.", ""]
     if floor:
         lines += [f"Noise floor ({NOISE_CONTROL}: dense with its gradients × (1 + 1e-6·N(0,1))): loss gap "
                   f"{100 * floor['gap']:+.1f}%" + (f", top-1 {100 * floor['top1_diff']:+.2f} points"

@@ -263,7 +263,7 @@ def _rows_by(key: str, rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, An
 
 
 def _verdict(row: dict[str, Any], reference: str) -> str:
-    """As :func:`ds_gravac_bench.fidelity._verdict`, on the means: a dense control is judged on accuracy alone."""
+    """As :func:`ds_gravac_bench.fidelity.row_verdict`, on the means: a dense control is judged on accuracy alone."""
     if row["id"] == reference:
         return "reference"
     return judged(row["family"], row["final_loss"], row["dense_loss"], row["top1"], row["dense_top1"], row["ppl"],

@@ -5,6 +5,7 @@
         [--cluster 100mbit=runs/long/r18-s0-100mbit]
     python -m ds_gravac_bench.long_keep restore docs/bench/long/resnet18_long-s0 runs/long/r18-s0
     python -m ds_gravac_bench.long_keep drop docs/bench/long/lstm_long-s0 "gv_auto at 1gbit"
+    python -m ds_gravac_bench.long_keep rejudge docs/bench/long/resnet18_long-s0 [more kept directories]
 
 Why: one seed of ``resnet18_long`` is about 10 machine-hours, a working session gives about 2.5, and raw runs
 live under ``runs/`` (ignored), which a new machine does not have. ``save`` writes two small files into the kept
@@ -30,6 +31,9 @@ are computed against the very same dense curve; ``save`` into the same kept dire
 
 ``drop`` removes rows from a kept report by id: a row that a later run supersedes under another id (an ablation
 re-run with its settings spelled out) would otherwise stay in the seed's table, and ``save`` only ever adds.
+
+``rejudge`` applies the current accuracy bounds to the rows a kept report holds, from the figures it keeps (its raw
+runs may be gone): a bound changed after the rows were saved would otherwise judge each seed by another rule.
 """
 from __future__ import annotations
 
@@ -41,7 +45,8 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from ds_gravac_bench.fidelity import add_run_arguments, noise_floor, run
+from ds_gravac_bench.fidelity import add_run_arguments, noise_floor, row_verdict, run
+from ds_gravac_bench.fidelity_judge import RISE_TOLERANCE
 from ds_gravac_bench.fidelity_args import cluster_arg, clusters_of
 from ds_gravac_bench.fidelity_seeds import seed_table
 from ds_gravac_bench.keep import strip_paths
@@ -155,6 +160,20 @@ def drop(kept: Path, ids: Sequence[str]) -> dict[str, Any]:
     return table
 
 
+def rejudge(kept: Path) -> dict[str, Any]:
+    """Each kept row's rise and verdict under the current bounds. A row keeps its smoothed peak, and every system's
+    first loss on a seed is dense's (the same weights and batch, before any update), so "above its start and
+    dense's peak" is above dense's peak."""
+    table = json.loads((kept / REPORT_FILE).read_text())
+    ref_id = table["reference"]
+    dense = next(r for r in table["systems"] if r["id"] == ref_id)
+    for r in table["systems"]:
+        r["rises"] = r["peak"] > dense["peak"] * (1 + RISE_TOLERANCE)
+        r["verdict"] = row_verdict(r, dense, ref_id)
+    write_report(kept, table)
+    return table
+
+
 def run_and_keep(opts: argparse.Namespace) -> Path:
     """``fidelity run`` that saves into ``opts.keep`` after every finished system."""
     loopback = opts.rate == "loopback"
@@ -187,6 +206,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     d = sub.add_parser("drop", help="remove rows from a kept report by id")
     d.add_argument("kept", type=Path)
     d.add_argument("ids", nargs="+", metavar="ROW_ID", help="a row's id as the report holds it, e.g. 'gv_auto at 1gbit'")
+    j = sub.add_parser("rejudge", help="apply the current accuracy bounds to kept reports")
+    j.add_argument("kept", type=Path, nargs="+")
     a = ap.parse_args(argv)
     if a.cmd == "run":
         print(f"[long_keep] {run_and_keep(a)}: done")
@@ -197,6 +218,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     elif a.cmd == "drop":
         table = drop(a.kept, a.ids)
         print(f"[long_keep] {a.kept}: dropped {', '.join(a.ids)}; {len(table['systems'])} rows kept")
+    elif a.cmd == "rejudge":
+        for kept in a.kept:
+            table = rejudge(kept)
+            print(f"[long_keep] {kept}: " + "; ".join(f"{r['id']} {r['verdict']}" for r in table["systems"]))
     else:
         print(f"[long_keep] {a.run_dir}: {restore(a.kept, a.run_dir)} restored")
 
