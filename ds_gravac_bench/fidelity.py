@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from ds_gravac_bench.fidelity_args import cluster_arg, clusters_of
+from ds_gravac_bench.fidelity_args import cluster_arg, clusters_of, rate_or_loopback
 from ds_gravac_bench.fidelity_judge import judged, rises
 from ds_gravac_bench.fidelity_output import NOISE_CONTROL, markdown, plots
 from ds_gravac_bench.fidelity_reference import REFERENCE_STEPS, needs_reference, reference_opts, reference_step
@@ -341,7 +341,7 @@ def add_run_arguments(r: argparse.ArgumentParser) -> None:
     r.add_argument("--checkpoint-every", type=int, default=0, metavar="K",
                    help="checkpoint every K steps; the same command again skips finished systems and resumes the "
                         "others (long tasks: a run outlasts a session)")
-    r.add_argument("--rate", default="loopback",
+    r.add_argument("--rate", default="loopback", type=rate_or_loopback,
                    help="loopback (loss per step), or a tc rate of the emulated cluster (1gbit, 100mbit): a "
                         "controller's whole run at that rate, loss and time (docs/BENCHMARKS_LONG.md)")
     r.add_argument("--reference-steps", type=int, default=REFERENCE_STEPS, metavar="N",

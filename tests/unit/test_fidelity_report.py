@@ -179,6 +179,42 @@ def test_cluster_argument_takes_several_directories(tmp_path: Path) -> None:
         cluster_arg(str(a))
 
 
+@pytest.mark.parametrize("typed, name", [("1gbit", "1gbit"), ("1000mbit", "1gbit"), ("1Gbit", "1gbit"),
+                                         ("100mbit", "100mbit"), ("0.1gbit", "100mbit"), ("1.5gbit", "1500mbit"),
+                                         ("250kbit", "250kbit")])
+def test_a_rate_is_named_one_way(tmp_path: Path, typed: str, name: str) -> None:
+    """Rates key rows and tables (``gv_auto at 1gbit``, issue 42's targets): one link, one name."""
+    import argparse
+
+    from ds_gravac_bench.fidelity import add_run_arguments
+    from ds_gravac_bench.fidelity_args import cluster_arg, rate_file_arg
+
+    a = _write_run(tmp_path / "a", "mlp", {"ds_dense": {"loss": DENSE, "time": 1.0, "bytes": 1.0, "gravac": None}})
+    (tmp_path / "t.json").write_text("{}")
+    assert cluster_arg(f"{typed}={a}") == (name, [a])
+    assert rate_file_arg(f"{typed}={tmp_path / 't.json'}") == (name, tmp_path / "t.json")
+    parser = argparse.ArgumentParser()
+    add_run_arguments(parser)
+    assert parser.parse_args(["--task", "mlp_screen", "--rate", typed]).rate == name
+
+
+@pytest.mark.parametrize("typed", ["100mbps", "fast", "0mbit", "-1gbit"])
+def test_a_misspelt_rate_fails_with_its_value(tmp_path: Path, typed: str) -> None:
+    import argparse
+
+    from ds_gravac_bench.fidelity import add_run_arguments
+    from ds_gravac_bench.fidelity_args import cluster_arg
+
+    a = _write_run(tmp_path / "a", "mlp", {"ds_dense": {"loss": DENSE, "time": 1.0, "bytes": 1.0, "gravac": None}})
+    with pytest.raises(argparse.ArgumentTypeError, match=f"link rate: .*{typed}"):
+        cluster_arg(f"{typed}={a}")
+    parser = argparse.ArgumentParser()
+    add_run_arguments(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--task", "mlp_screen", "--rate", typed])
+    assert parser.parse_args(["--task", "mlp_screen", "--rate", "loopback"]).rate == "loopback"
+
+
 def test_a_dense_start_is_timed_at_the_dense_step(tmp_path: Path) -> None:
     """Static Top-k after 10 dense steps: the 10 dense steps cost the cluster run's dense step, the rest its
     compressed step; a cluster run that ends inside its warm-up gives no time rather than a wrong one."""
