@@ -33,7 +33,7 @@ from ds_gravac_bench.fidelity_reference import REFERENCE_STEPS, needs_reference,
 from ds_gravac_bench.fidelity_runs import SAME_SETTINGS, as_paths, cluster_runs, load_dirs, match_key
 from ds_gravac_bench.fidelity_time import adaptive, first_eval_reach, first_reach, quiet_counts, time_at_rate
 from ds_gravac_bench.gravac_label import system_label
-from ds_gravac_bench.loss_target import loss_target
+from ds_gravac_bench.table_targets import held_out_target, loss_target
 from ds_gravac_bench.report import shown_path
 from ds_gravac_bench.systems import jitter_control_of
 
@@ -180,8 +180,8 @@ def build(dirs: Sequence[Path] | Path, clusters: dict[str, Sequence[Path] | Path
     task = meta.get("fidelity") or {}
     fraction = target_fraction or task.get("target_fraction") or TARGET_FRACTION
     target, excursion = loss_target(ref["smoothed"], fraction)
-    margin, dense_top1 = task.get("top1_margin"), ref["eval"].get("eval/top1")
-    top1_target = dense_top1 - margin if margin is not None and dense_top1 is not None else None
+    margin = task.get("top1_margin")
+    top1_target = held_out_target(ref["evals"], margin) if margin is not None else None
     cluster_curves = {rate: cluster_runs(as_paths(path)) for rate, path in clusters.items()}
     if meta.get("N") == 2:
         for sid, source in TASKS[task["task"]].same_curve if task.get("task") in TASKS else ():
@@ -240,7 +240,7 @@ def _row(sid: str, c: dict[str, Any], section: Optional[dict[str, Any]],
            "rises": rises(c["smoothed"], ref["smoothed"]), "peak": max(c["smoothed"]),
            "steps_to_target": first_reach(c["smoothed"], target),
            "steps_to_top1": first_eval_reach(c["evals"], top1_target) if top1_target is not None else None,
-           "eval": c["eval"], "rates": {}}
+           "eval": c["eval"], "evals": c["evals"], "rates": {}}
     row["quiet_steps"] = quiet_counts(c["sent"], row["steps_to_target"], row["steps_to_top1"])
     return row
 

@@ -7,11 +7,13 @@ import math
 from pathlib import Path
 from typing import Any, Optional
 
+from ds_gravac_bench.table_targets import FINAL_EVALS
+
 NOISE_CONTROL = "ds_dense_jitter"
 
 
 def _excursion(replaced: Optional[dict[str, Any]]) -> str:
-    """What the loss target replaced (:mod:`ds_gravac_bench.loss_target`), or nothing."""
+    """What the loss target replaced (:mod:`ds_gravac_bench.table_targets`), or nothing."""
     if not replaced:
         return ""
     lo, hi = replaced["window"]
@@ -38,8 +40,8 @@ def markdown(res: dict[str, Any]) -> str:
     lines = [f"# Fidelity — {res['model']}, {res['steps']} steps, 2 ranks",
              "", f"Target: {res['reference']}'s smoothed loss at {round(100 * res['target_fraction'])}% of the budget "
              f"= {res['target_loss']:.4f}" + _excursion(res.get("target_excursion"))
-             + (f"; held-out top-1 {100 * res['top1_target']:.2f}% ({res['reference']}'s final minus "
-                f"{100 * res['top1_margin']:g} point)" if top1 else "")
+             + (f"; held-out top-1 {100 * res['top1_target']:.2f}% ({res['reference']}'s mean over its last "
+                f"{FINAL_EVALS} interim evaluations minus {100 * res['top1_margin']:g} point)" if top1 else "")
              + ". Bounds: final loss ≤ dense + 5%, top-1 within 2 points / perplexity within 5%, < 50% of dense's "
              "bytes, smoothed loss never more than 1% above its start and dense's peak.", ""]
     if floor:

@@ -11,17 +11,19 @@ from typing import Any, Optional, Sequence
 from ds_gravac_bench.gravac_label import run_section
 from ds_gravac_bench.report import SKIP_STEPS, read_steps, smooth
 from ds_gravac_bench.systems import jitter_of
+from ds_gravac_bench.table_targets import interim_evals
 
 
 def curve_of(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Loss (raw and smoothed), per-step times and their median past the first ``SKIP_STEPS``, mean bytes, the
-    last value of every ``eval/`` metric and the held-out top-1 at each evaluation."""
+    last value of every ``eval/`` metric and the held-out top-1 at each interim evaluation
+    (:func:`ds_gravac_bench.table_targets.interim_evals`)."""
     losses = [float(r["loss"]) for r in records if "loss" in r]
     body = records[SKIP_STEPS:] or records
     times = [float(r["time/step"]) for r in body if r.get("time/step") is not None]
     sent = [float(r["bytes_sent"]) for r in records if r.get("bytes_sent") is not None]
     evals = {k: v for r in records for k, v in r.items() if k.startswith("eval/")}
-    top1 = [(int(r.get("step", i + 1)), float(r["eval/top1"])) for i, r in enumerate(records) if "eval/top1" in r]
+    top1 = interim_evals([{"step": i + 1, **r} for i, r in enumerate(records)])
     return {"loss": losses, "smoothed": smooth(losses), "times": [float(r.get("time/step") or 0) for r in records],
             "sent": [r.get("bytes_sent") for r in records],
             "median_step": statistics.median(times) if times else None,

@@ -1,4 +1,4 @@
-"""The loss target: dense's smoothed loss at a fraction of the budget, replaced by its window's median only when that
+"""The fidelity table's targets: the loss target (dense's smoothed loss at a fraction of the budget, replaced by its window's median only when that
 point is an excursion — checked on hand-made curves against a float64 reference and on the kept dense runs."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from ds_gravac_bench.fidelity import build
 from ds_gravac_bench.fidelity_output import markdown
 from ds_gravac_bench.long_keep import _decode
-from ds_gravac_bench.loss_target import loss_target
+from ds_gravac_bench.table_targets import held_out_target, interim_evals, loss_target
 from ds_gravac_bench.report import smooth
 from fidelity_report_cases import DENSE, _write_run
 
@@ -80,3 +80,32 @@ def test_the_kept_dense_runs(kept: str) -> None:
         assert replaced is not None and replaced["z"] > 3 and target < replaced["point"] - 0.2
     else:
         assert replaced is None and target == curve[int(0.9 * len(curve)) - 1]
+
+
+def test_interim_evaluations_are_those_on_the_first_ones_images() -> None:
+    records = [{"step": 1, "loss": 3.0}, {"step": 200, "eval/top1": 0.2, "eval/samples": 2560.0},
+               {"step": 400, "eval/top1": 0.3, "eval/samples": 2560.0}, {"step": 401, "loss": 2.0},
+               {"step": 600, "eval/top1": 0.5, "eval/samples": 10000.0}]
+    assert interim_evals(records) == [(200, 0.2), (400, 0.3)]
+    same = [{"step": 5, "eval/top1": 0.4}, {"step": 10, "eval/top1": 0.6}]          # no sample counts: all alike
+    assert interim_evals(same) == [(5, 0.4), (10, 0.6)]
+    assert interim_evals([{"step": 3, "loss": 1.0}]) == []
+
+
+def test_the_held_out_target_is_dense_s_final_level_on_the_interim_images() -> None:
+    evals = [(200, 0.10), (400, 0.30), (600, 0.31), (800, 0.29), (1000, 0.33)]
+    assert held_out_target(evals, 0.005) == pytest.approx((0.31 + 0.29 + 0.33) / 3 - 0.005)
+    assert held_out_target(evals[:2], 0.01) == pytest.approx((0.10 + 0.30) / 2 - 0.01)
+    assert held_out_target([], 0.005) is None
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_kept_resnet18_runs_evaluate_2560_images_then_all(seed: int) -> None:
+    """On the kept dense runs the interim evaluations read 2,560 images and the last one all 10,000: the target is
+    the mean of the last three interim ones (steps 5,400–5,800), and the whole-set one is not among them."""
+    ref = json.loads((ROOT / f"docs/bench/long/resnet18_long-s{seed}/reference.json").read_text())
+    evals = ref["curve"]["evals"]
+    interim = interim_evals(evals)
+    assert [s for s, _ in interim][-3:] == [5400, 5600, 5800] and len(interim) == len(evals) - 1
+    expected = np.mean([e["eval/top1"] for e in evals if e["eval/samples"] == 2560.0][-3:]) - 0.005
+    assert held_out_target(interim, 0.005) == pytest.approx(expected, rel=1e-12)
