@@ -272,7 +272,10 @@ def local_sgd_lines(res: dict[str, Any], vs: dict[str, dict[str, Optional[float]
     for rate in sorted({rate for r in local for rate in _times(r, held_out)}):
         timed = [(t, r["id"]) for r in local if (t := _times(r, held_out).get(rate))]
         if not timed:
-            out.append(f"- {rate}: post-local SGD never reached the target")
+            steps = "steps_to_top1" if held_out else "steps_to_target"
+            reached = any(s for r in local for s in r.get(steps) or [])
+            out.append(f"- {rate}: post-local SGD " + ("reached the target but has no step time at this rate"
+                                                         if reached else "never reached the target"))
             continue
         best_t, best = min(timed)
         verdicts = [f"`{r['id']}` {_against(best_t, _times(r, held_out).get(rate), floor, _beside(vs, r, best, rate))}"

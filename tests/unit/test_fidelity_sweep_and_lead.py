@@ -242,3 +242,24 @@ def test_controllers_and_post_local_sgd_are_judged_against_a_compressed_systems_
     assert not any("gv_auto at 1gbit" in x for x in lines if x.startswith("- "))   # trained at 1gbit: not "never"
     local = next(x for x in lines if x.startswith("- 100mbit: `ddp_localsgd"))
     assert "`gv_powersgd_r16` (100 s): no difference" in local and "jitter" not in local
+
+
+@pytest.mark.parametrize("steps, said", [(400, "reached the target but has no step time at this rate"),
+                                         (None, "never reached the target")])
+def test_post_local_sgd_untimed_at_a_rate_is_not_said_to_miss_the_target(tmp_path: Path, steps: Optional[int],
+                                                                         said: str) -> None:
+    """At 100 Mbit/s only a controller's own run was timed: post-local SGD that reached the held-out target in steps
+    has no time there, which is not "never reached"."""
+    from ds_gravac_bench.fidelity_lead import lead_markdown
+
+    def row(sid: str, family: str, t: Optional[float], reach: Optional[int] = 400) -> dict:
+        return {**_row(sid, family, 0.5, 0.5, 0.34, 200, 0.5), "steps_to_top1": reach,
+                "rates": {"100mbit": {"top1_time_s": t}}}
+    rows = [row("ds_dense", "dense", 400.0), row("ds_dense_jitter", "dense", 400.0, 440),
+            row("ddp_localsgd@period=8", "baseline", None, steps), {**row("gv_auto at 100mbit", "low-rank", 150.0),
+                                                                   "trained_at": "100mbit"}]
+    root = tmp_path / "a"
+    root.mkdir()
+    (root / "fidelity.json").write_text(json.dumps({"model": "resnet18", "steps": 6000, "reference": "ds_dense",
+                                                    "systems": rows}))
+    assert f"- 100mbit: post-local SGD {said}" in lead_markdown(combine([[root]])).splitlines()
