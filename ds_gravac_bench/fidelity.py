@@ -33,9 +33,9 @@ from ds_gravac_bench.fidelity_reference import REFERENCE_STEPS, needs_reference,
 from ds_gravac_bench.fidelity_runs import SAME_SETTINGS, as_paths, cluster_runs, load_dirs, match_key
 from ds_gravac_bench.fidelity_time import adaptive, first_eval_reach, first_reach, quiet_counts, time_at_rate
 from ds_gravac_bench.gravac_label import system_label
-from ds_gravac_bench.table_targets import held_out_target, loss_target
 from ds_gravac_bench.report import shown_path
 from ds_gravac_bench.systems import jitter_control_of
+from ds_gravac_bench.table_targets import held_out_target, loss_target
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET_FRACTION = 0.75          # dense's smoothed loss at 75% of the budget is the target (a task may set another)

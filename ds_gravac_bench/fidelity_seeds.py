@@ -59,10 +59,14 @@ def seed_table(dirs: Sequence[Path], clusters: dict[str, list[Path]]) -> dict[st
     ref = _reference(first)
     for other in tables[1:]:
         theirs = _reference(other)
-        same = all(ref.get(k) == theirs.get(k) for k in ("final_loss", "peak", "steps_to_target"))
-        if other["model"] != first["model"] or other["steps"] != first["steps"] or not same:
-            raise SystemExit(f"fidelity_seeds: {', '.join(map(str, dirs))} hold different dense runs "
-                             f"(final loss {ref['final_loss']} vs {theirs['final_loss']}): not one seed")
+        differ = [f"{k} {first.get(k)} vs {other.get(k)}" for k in ("model", "steps", "target_loss", "top1_target")
+                  if first.get(k) != other.get(k)]
+        differ += [f"dense's {k} {ref.get(k)} vs {theirs.get(k)}"
+                   for k in ("final_loss", "peak", "steps_to_target", "steps_to_top1") if ref.get(k) != theirs.get(k)]
+        if differ:
+            raise SystemExit(f"fidelity_seeds: {', '.join(map(str, dirs))} hold different dense runs or targets "
+                             f"({'; '.join(differ)}): not one seed (a kept report saved under an older target "
+                             "rule: move it aside and save again from its run directories)")
         seen = {r["id"] for r in first["systems"]}
         rows = [_keep_rates(r, other["systems"]) for r in first["systems"]]
         first = {**first, "systems": rows + [r for r in other["systems"] if r["id"] not in seen],

@@ -46,8 +46,8 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from ds_gravac_bench.fidelity import add_run_arguments, noise_floor, row_verdict, run
-from ds_gravac_bench.fidelity_judge import RISE_TOLERANCE
 from ds_gravac_bench.fidelity_args import cluster_arg, clusters_of
+from ds_gravac_bench.fidelity_judge import RISE_TOLERANCE
 from ds_gravac_bench.fidelity_seeds import seed_table
 from ds_gravac_bench.keep import strip_paths
 from ds_gravac_bench.fidelity_runs import curve_of

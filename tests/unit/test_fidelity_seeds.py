@@ -170,6 +170,18 @@ def test_reports_of_different_dense_runs_are_refused(tmp_path: Path) -> None:
         combine([[a, b]])
 
 
+def test_reports_of_one_dense_run_under_different_targets_are_refused(tmp_path: Path) -> None:
+    """The same dense run saved under two held-out target rules (its steps to the target moved): not one table."""
+    a, b = _seed(tmp_path / "a", 0.4, 0.84, []), _seed(tmp_path / "b", 0.4, 0.84, [])
+    for root, target, reach in ((a, 0.835, 6000), (b, 0.80, 4400)):
+        table = json.loads((root / "fidelity.json").read_text())
+        table["top1_target"], table["systems"][0]["steps_to_top1"] = target, reach
+        (root / "fidelity.json").write_text(json.dumps(table))
+    with pytest.raises(SystemExit, match="top1_target 0.835 vs 0.8; dense's steps_to_top1 6000 vs 4400"):
+        combine([[a, b]])
+    combine([[a, a]])
+
+
 def test_held_out_top1_is_paired_per_seed_beside_the_noise_floor(tmp_path: Path) -> None:
     """Three paired seeds: top-1 as mean ± sample sd, its per-seed difference to the same seed's dense run, the
     steps and mean time to the held-out target, and ds_dense_jitter's figures as the noise floor."""
