@@ -15,9 +15,15 @@ BYTES_BOUND = 0.5               # ... and it sends less than half of dense's byt
 
 
 def rises(curve: list[float], dense_curve: list[float]) -> bool:
-    """Whether a smoothed loss climbs more than ``RISE_TOLERANCE`` above both its start and dense's own peak on the
-    same seed: a climb that compression causes, not the one dense makes under warm-up from a low first sample."""
-    return max(curve) > max(curve[0], max(dense_curve)) * (1 + RISE_TOLERANCE)
+    """:func:`peak_rises` on whole smoothed curves."""
+    return peak_rises(max(curve), curve[0], max(dense_curve))
+
+
+def peak_rises(peak: float, start: float, dense_peak: float) -> bool:
+    """Whether a smoothed loss's peak lies more than ``RISE_TOLERANCE`` above both its start and dense's own peak on
+    the same seed: a climb that compression causes, not the one dense makes under warm-up from a low first sample.
+    Takes the peak, not the curve, so kept rows (which keep only their peak) are re-judged by the same rule."""
+    return peak > max(start, dense_peak) * (1 + RISE_TOLERANCE)
 
 
 def judged(family: str, loss: float, dense_loss: float, top1: Optional[float], dense_top1: Optional[float],

@@ -47,7 +47,7 @@ import numpy as np
 
 from ds_gravac_bench.fidelity import add_run_arguments, noise_floor, row_verdict, run
 from ds_gravac_bench.fidelity_args import cluster_arg, clusters_of
-from ds_gravac_bench.fidelity_judge import RISE_TOLERANCE
+from ds_gravac_bench.fidelity_judge import peak_rises
 from ds_gravac_bench.fidelity_seeds import seed_table
 from ds_gravac_bench.keep import strip_paths
 from ds_gravac_bench.fidelity_runs import curve_of
@@ -168,7 +168,7 @@ def rejudge(kept: Path) -> dict[str, Any]:
     ref_id = table["reference"]
     dense = next(r for r in table["systems"] if r["id"] == ref_id)
     for r in table["systems"]:
-        r["rises"] = r["peak"] > dense["peak"] * (1 + RISE_TOLERANCE)
+        r["rises"] = peak_rises(r["peak"], start=dense["peak"], dense_peak=dense["peak"])  # its start ≤ dense's peak
         r["verdict"] = row_verdict(r, dense, ref_id)
     write_report(kept, table)
     return table

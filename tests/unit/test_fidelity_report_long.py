@@ -248,3 +248,11 @@ def test_dense_climbing_from_a_low_first_sample_is_not_a_rise(tmp_path: Path) ->
     again = {r["id"]: (r["rises"], r["verdict"]) for r in rejudge(kept)["systems"]}
     assert again == {r["id"]: (r["rises"], r["verdict"]) for r in table["systems"]}
     assert json.loads((kept / REPORT_FILE).read_text())["systems"] == rejudge(kept)["systems"]
+
+
+def test_the_rise_rule_on_a_peak_takes_the_higher_of_start_and_dense_peak() -> None:
+    """One rule for curves and for kept peaks: above 1.01 × the higher of the row's start and dense's peak."""
+    from ds_gravac_bench.fidelity_judge import peak_rises, rises
+    assert not peak_rises(5.05, start=4.48, dense_peak=5.0) and peak_rises(5.06, start=4.48, dense_peak=5.0)
+    assert not peak_rises(6.06, start=6.0, dense_peak=5.0) and peak_rises(6.07, start=6.0, dense_peak=5.0)
+    assert rises([4.0, 5.06, 4.5], [4.0, 5.0, 4.2]) == peak_rises(5.06, 4.0, 5.0) is True
