@@ -34,12 +34,13 @@ LOCAL_SGD = "ddp_localsgd"     # PyTorch's post-local SGD, one row per period (`
 COMPRESSED = ("sparsification", "low-rank", "quantization")
 
 
-def _held_out(res: dict[str, Any]) -> bool:
+def judged_on_held_out(res: dict[str, Any]) -> bool:
     """The task sets a held-out target (a top-1 spread on some row): times and metrics are to it."""
     return any(r.get("top1_spread") for r in res["systems"])
 
 
-def _times(row: dict[str, Any], held_out: bool) -> dict[str, Optional[float]]:
+def times_to_target(row: dict[str, Any], held_out: bool) -> dict[str, Optional[float]]:
+    """Rate → a combined row's mean time to the target the task is judged on."""
     return row.get("top1_time_s", {}) if held_out else row.get("time_s", {})
 
 
@@ -47,21 +48,22 @@ def ratios(res: dict[str, Any]) -> dict[str, dict[str, Optional[float]]]:
     """System id → rate → the baseline's mean time to target over the system's (None where either is missing). A
     row that carries the baseline's step measured beside its own run (``reference_step_s``) is divided by the
     baseline's mean steps to target × that step, not by the baseline's kept time."""
-    held_out = _held_out(res)
+    held_out = judged_on_held_out(res)
     base = next((r for r in res["systems"] if r["id"] == BASELINE), None)
-    base_t = _times(base, held_out) if base else {}
-    base_steps = _mean_steps(base, held_out) if base else None
+    base_t = times_to_target(base, held_out) if base else {}
+    base_steps = mean_steps_to_target(base, held_out) if base else None
     out = {}
     for r in res["systems"]:
         beside = r.get("reference_step_s") or {}
         theirs = {rate: base_steps * beside[rate] if rate in beside and base_steps else base_t.get(rate)
-                  for rate in _times(r, held_out)}
+                  for rate in times_to_target(r, held_out)}
         out[r["id"]] = {rate: theirs[rate] / t if t and theirs[rate] else None
-                        for rate, t in _times(r, held_out).items()}
+                        for rate, t in times_to_target(r, held_out).items()}
     return out
 
 
-def _mean_steps(row: dict[str, Any], held_out: bool) -> Optional[float]:
+def mean_steps_to_target(row: dict[str, Any], held_out: bool) -> Optional[float]:
+    """A combined row's mean steps to the target the task is judged on; None when a seed never reaches it."""
     steps = row.get("steps_to_top1" if held_out else "steps_to_target") or []
     return sum(steps) / len(steps) if steps and all(s for s in steps) else None
 
@@ -70,16 +72,16 @@ def round_ratios(res: dict[str, Any]) -> dict[str, dict[str, tuple[float, float,
     """System id → rate → (min, median, max) over the rounds of the baseline's time to target over the system's,
     each round's median steps times the mean steps to target. Only rows priced by one cluster step at that rate
     (not a controller's own run, nor post-local SGD's or a dense start's mixed steps)."""
-    held_out = _held_out(res)
+    held_out = judged_on_held_out(res)
     base = next((r for r in res["systems"] if r["id"] == BASELINE), None)
-    base_steps = _mean_steps(base, held_out) if base else None
+    base_steps = mean_steps_to_target(base, held_out) if base else None
     out: dict[str, dict[str, tuple[float, float, float]]] = {}
     for rate, at in (res.get("rounds") or {}).items():
         base_rounds = at["systems"].get(BASELINE)
         if not base_steps or not base_rounds:
             continue
         for r in res["systems"]:
-            mine, steps = at["systems"].get(r["id"]), _mean_steps(r, held_out)
+            mine, steps = at["systems"].get(r["id"]), mean_steps_to_target(r, held_out)
             if r["id"] == BASELINE or not mine or not steps or not r.get("one_step", {}).get(rate):
                 continue
             xs = [base_steps * b / (steps * m) for b, m in zip(base_rounds, mine)]
@@ -110,8 +112,8 @@ def _cell(t: Optional[float], x: Optional[float], paired: Optional[tuple[float, 
 
 
 def lead_markdown(res: dict[str, Any]) -> str:
-    held_out = _held_out(res)
-    rates = sorted({rate for r in res["systems"] for rate in _times(r, held_out)})
+    held_out = judged_on_held_out(res)
+    rates = sorted({rate for r in res["systems"] for rate in times_to_target(r, held_out)})
     vs, paired = ratios(res), round_ratios(res)
     floor = next((r for r in res["systems"] if r["id"] == NOISE_CONTROL), None)
     target = "held-out target" if held_out else "loss target"
@@ -128,7 +130,7 @@ def lead_markdown(res: dict[str, Any]) -> str:
              *_rounds_note(res), *floor_note(res), "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in res["systems"]:
         family = r["family"] + (" (noise control)" if jitter_control_of(r["id"]) else "")
-        cells = [r["id"], family] + [_cell(_times(r, held_out).get(rate), vs[r["id"]].get(rate),
+        cells = [r["id"], family] + [_cell(times_to_target(r, held_out).get(rate), vs[r["id"]].get(rate),
                                                 paired.get(r["id"], {}).get(rate),
                                                 (r.get("reference_step_s") or {}).get(rate),
                                                 rate in r.get("priced_at", ())) for rate in rates]
@@ -150,7 +152,7 @@ def _rounds_note(res: dict[str, Any]) -> list[str]:
 def steps_floor(res: dict[str, Any]) -> Optional[float]:
     """The noise floor in steps to target: the jitter control's mean |steps / dense's steps − 1| over the seeds
     where both reached it (None without the control)."""
-    held_out = _held_out(res)
+    held_out = judged_on_held_out(res)
     mine, dense = ("steps_to_top1", "dense_steps_to_top1") if held_out else ("steps_to_target", "dense_steps_to_target")
     floor = next((r for r in res["systems"] if r["id"] == NOISE_CONTROL), None)
     pairs = [(a, b) for a, b in zip(floor.get(mine) or [], floor.get(dense) or []) if a and b] if floor else []
@@ -170,7 +172,7 @@ def beyond(x: float, floor: float) -> int:
 def control_floors(res: dict[str, Any]) -> dict[str, tuple[str, float]]:
     """Noise control id ``X@jitter=…`` → (X, the mean |its steps / X's − 1| over the seeds where both reached the
     target): how far a perturbation of ten ulps moves X itself, which on a compressed run is far more than on dense."""
-    held_out = _held_out(res)
+    held_out = judged_on_held_out(res)
     key = "steps_to_top1" if held_out else "steps_to_target"
     rows = {r["id"]: r for r in res["systems"]}
     out = {}
@@ -218,16 +220,16 @@ def controller_lines(res: dict[str, Any], vs: dict[str, dict[str, Optional[float
     """Per rate, every controller against the best static compressed row within the bounds (its ratio against the
     baseline over theirs, so a controller's own run compares through the ratios), judged against
     :func:`comparison_floor`: the issue's "× the best static" target."""
-    held_out, floor = _held_out(res), comparison_floor(res)
+    held_out, floor = judged_on_held_out(res), comparison_floor(res)
     controllers = [r for r in _compared(res) if r.get("adaptive")]
     out = []
-    for rate in sorted({rate for r in controllers for rate in _times(r, held_out)}):
+    for rate in sorted({rate for r in controllers for rate in times_to_target(r, held_out)}):
         soonest = best_static(res, vs, rate)
         if soonest is None:
             continue
         best_x, best = soonest
         for r in controllers:
-            if rate in _times(r, held_out) and timed_here(r, rate):
+            if rate in times_to_target(r, held_out) and timed_here(r, rate):
                 x = vs.get(r["id"], {}).get(rate)
                 out.append(f"- {rate}: `{r['id']}` " + (f"{x:.2f}× {BASELINE}" if x else "never reached the target")
                            + f" against `{best}` {best_x:.2f}× (best static): {_judge(x, best_x, floor)}")
@@ -260,7 +262,7 @@ def _judge(x: Optional[float], best_x: float, floor: Optional[float]) -> str:
 def local_sgd_lines(res: dict[str, Any], vs: dict[str, dict[str, Optional[float]]]) -> list[str]:
     """Per rate, post-local SGD's best period (within the accuracy bounds) against every compressed row; ``vs`` is
     :func:`ratios` of ``res``."""
-    held_out = _held_out(res)
+    held_out = judged_on_held_out(res)
     local = [r for r in res["systems"] if r["id"].startswith(LOCAL_SGD) and r["verdict"].endswith("ok")]
     compressed = _compared(res)
     if not local or not compressed:
@@ -269,8 +271,8 @@ def local_sgd_lines(res: dict[str, Any], vs: dict[str, dict[str, Optional[float]
     said = "noise floor unknown: no jitter control" if floor is None else f"noise floor ±{100 * floor:.0f}%"
     out = ["", "Post-local SGD against compression (time to the " + ("held-out" if held_out else "loss") + " target; "
            + said + "):"]
-    for rate in sorted({rate for r in local for rate in _times(r, held_out)}):
-        timed = [(t, r["id"]) for r in local if (t := _times(r, held_out).get(rate))]
+    for rate in sorted({rate for r in local for rate in times_to_target(r, held_out)}):
+        timed = [(t, r["id"]) for r in local if (t := times_to_target(r, held_out).get(rate))]
         if not timed:
             steps = "steps_to_top1" if held_out else "steps_to_target"
             reached = any(s for r in local for s in r.get(steps) or [])
@@ -278,9 +280,9 @@ def local_sgd_lines(res: dict[str, Any], vs: dict[str, dict[str, Optional[float]
                                                          if reached else "never reached the target"))
             continue
         best_t, best = min(timed)
-        verdicts = [f"`{r['id']}` {_against(best_t, _times(r, held_out).get(rate), floor, _beside(vs, r, best, rate))}"
+        verdicts = [f"`{r['id']}` {_against(best_t, times_to_target(r, held_out).get(rate), floor, _beside(vs, r, best, rate))}"
                     for r in compressed
-                    if rate in _times(r, held_out) and timed_here(r, rate)]
+                    if rate in times_to_target(r, held_out) and timed_here(r, rate)]
         out.append(f"- {rate}: `{best}` ({best_t:.0f} s) against " + "; ".join(verdicts))
     return out
 

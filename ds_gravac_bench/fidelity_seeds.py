@@ -201,6 +201,7 @@ def combine(seeds: Sequence[Sequence[Path]], clusters: Optional[dict[str, list[P
         rows.append(row)
     floor = next((r for r in rows if r["id"] == NOISE_CONTROL), None)
     return {"model": tables[0]["model"], "steps": tables[0]["steps"],
+            "held_out_target": all(t.get("top1_target") is not None for t in tables),   # each seed's dense sets one
             "seeds": [[shown_path(p) for p in s] for s in seeds], "rounds": round_medians(rounds or {}),
             "noise_floor": None if floor is None else {k: floor[k] for k in ("gaps", "top1_diff", "steps_to_target")},
             "systems": rows}

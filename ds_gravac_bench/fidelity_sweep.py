@@ -8,7 +8,8 @@ Why: a "best static" chosen on the seeds it is then judged on is flattered by th
 every grid system on each tuning seed (``fidelity run``), combines the seeds as ``fidelity_seeds`` does, and per
 family keeps the level that meets the accuracy bounds on the means and reaches dense's target soonest: on the
 fewest mean steps to target, and for each ``--cluster`` rate on the shortest mean time to target there (ties:
-fewer bytes). Post-local SGD's period is picked per rate only: by steps the shortest period always wins.
+fewer bytes). The target is the one the leading table judges: the held-out target where the task sets one
+(``resnet18_long``), else the loss target. Post-local SGD's period is picked per rate only: by steps the shortest period always wins.
 The evaluation seeds then run only the picks. The sweep's cost is the CPU and wall time of every run
 (user + system, all ranks, summed over the invocations of a continued run), written beside the picks.
 
@@ -27,7 +28,8 @@ from typing import Any, Optional, Sequence
 
 from ds_gravac_bench.fidelity import TASKS
 from ds_gravac_bench.fidelity_args import cluster_arg, clusters_of
-from ds_gravac_bench.fidelity_lead import COMPRESSED, LOCAL_SGD   # post-local SGD's period: tuned as a level is
+from ds_gravac_bench.fidelity_lead import (COMPRESSED, LOCAL_SGD,  # post-local SGD's period: tuned as a level is
+                                          mean_steps_to_target, times_to_target)
 from ds_gravac_bench.fidelity_seeds import combine
 from ds_gravac_bench.keep import strip_paths
 from ds_gravac_bench.long_keep import REPORT_FILE, restore, save
@@ -60,13 +62,10 @@ def keep_cost(run_dir: Path, kept: Path) -> dict[str, dict[str, float]]:
     return merged
 
 
-def _key(row: dict[str, Any], rate: Optional[str]) -> tuple[float, float]:
-    """Sort key of a candidate: mean time (or steps) to dense's target, then bytes; unreached sorts last."""
-    if rate is not None:
-        soon = row["time_s"].get(rate)
-    else:
-        steps = row["steps_to_target"]
-        soon = None if any(s is None for s in steps) else sum(steps) / len(steps)
+def _key(row: dict[str, Any], rate: Optional[str], held_out: bool) -> tuple[float, float]:
+    """Sort key of a candidate: mean time (or steps) to the target the leading table judges (the held-out target
+    where the task sets one), then bytes; unreached sorts last."""
+    soon = times_to_target(row, held_out).get(rate) if rate is not None else mean_steps_to_target(row, held_out)
     return (float("inf") if soon is None else soon, row["bytes_ratio"] if row["bytes_ratio"] is not None else 1.0)
 
 
@@ -75,20 +74,21 @@ def pick(res: dict[str, Any], rate: Optional[str] = None) -> dict[str, Optional[
     of that family meets the bounds on the means), and post-local SGD's best period among its ``ddp_localsgd@period=P``
     rows. Controllers (GraVAC, Accordion, auto) adapt; they are not static levels."""
     out: dict[str, Optional[dict[str, Any]]] = {}
+    held_out = bool(res.get("held_out_target"))        # the task sets a held-out target: picks are on it
     for family in COMPRESSED:
         rows = [r for r in res["systems"] if r["family"] == family and r["verdict"] == "ok"
                 and not r.get("adaptive")]
         if any(r["family"] == family for r in res["systems"]):
-            out[family] = _best(rows, rate)
+            out[family] = _best(rows, rate, held_out)
     periods = [r for r in res["systems"] if r["id"].startswith(LOCAL_SGD)]
     if periods and rate is not None:         # by steps alone the shortest period always wins: only time decides
-        out[LOCAL_SGD] = _best([r for r in periods if r["verdict"] == "baseline: ok"], rate)
+        out[LOCAL_SGD] = _best([r for r in periods if r["verdict"] == "baseline: ok"], rate, held_out)
     return out
 
 
-def _best(rows: list[dict[str, Any]], rate: Optional[str]) -> Optional[dict[str, Any]]:
-    best = min(rows, key=lambda r: _key(r, rate)) if rows else None
-    return None if best is None else {"id": best["id"], "sort_key": list(_key(best, rate))}
+def _best(rows: list[dict[str, Any]], rate: Optional[str], held_out: bool) -> Optional[dict[str, Any]]:
+    best = min(rows, key=lambda r: _key(r, rate, held_out)) if rows else None
+    return None if best is None else {"id": best["id"], "sort_key": list(_key(best, rate, held_out))}
 
 
 def _keep_seed(kept: Path, run_dir: Path, _sid: str) -> None:

@@ -32,6 +32,32 @@ def test_the_sweep_picks_per_family_the_soonest_level_within_the_bounds(tmp_path
     assert picks["low-rank"]["id"] == "gv_powersgd_r4" and picks["quantization"] is None
 
 
+def test_on_a_task_with_a_held_out_target_the_sweep_picks_on_it_as_the_lead_judges(tmp_path: Path) -> None:
+    """resnet18_long is judged on time to the held-out target. Top-k 100× reaches the loss target first (3,188 steps
+    against 10×'s 3,204; at 100 Mbit/s 640 s against 2,000 s) but the held-out target last (5,800 steps against
+    4,200; 6,000 s against 4,700 s): the pick on steps and at the rate is 10×, as the leading table ranks them; a
+    level that never reaches the held-out target sorts last however soon it reaches the loss target."""
+    from ds_gravac_bench.fidelity_sweep import pick
+
+    def seed(root: Path) -> Path:
+        root.mkdir()
+
+        def row(sid: str, loss_at: int, loss_s: float, top1_at: Optional[int], top1_s: Optional[float]) -> dict:
+            return {**_row(sid, "sparsification" if sid != "ds_dense" else "dense", 0.5, 0.5, 0.33, loss_at, 0.1),
+                    "steps_to_top1": top1_at, "rates": {"100mbit": {"time_s": loss_s, "top1_time_s": top1_s}}}
+        rows = [row("ds_dense", 3178, 13000.0, 4400, 18000.0),
+                row("gv_topk_10", 3204, 2000.0, 4200, 4700.0),
+                row("gv_topk_100", 3188, 640.0, 5800, 6000.0),
+                row("gv_topk_1000", 3100, 300.0, None, None)]
+        (root / "fidelity.json").write_text(json.dumps({"model": "resnet18", "steps": 6000, "reference": "ds_dense",
+                                                        "top1_target": 0.3188, "systems": rows}))
+        return root
+
+    res = combine([[seed(tmp_path / "a")], [seed(tmp_path / "b")]])
+    assert pick(res)["sparsification"] == {"id": "gv_topk_10", "sort_key": [4200.0, 0.1]}
+    assert pick(res, "100mbit")["sparsification"] == {"id": "gv_topk_10", "sort_key": [4700.0, 0.1]}
+
+
 def test_the_sweep_cost_sums_every_recorded_run(tmp_path: Path) -> None:
     """The sweep's cost is what bench_e2e recorded per system (a continued run's invocations already summed), so an
     interrupted sweep that is run again reports the whole cost, not the last invocation's."""
