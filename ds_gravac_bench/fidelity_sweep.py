@@ -9,7 +9,8 @@ every grid system on each tuning seed (``fidelity run``), combines the seeds as 
 family keeps the level that meets the accuracy bounds on the means and reaches dense's target soonest: on the
 fewest mean steps to target, and for each ``--cluster`` rate on the shortest mean time to target there (ties:
 fewer bytes). The target is the one the leading table judges: the held-out target where the task sets one
-(``resnet18_long``), else the loss target. Post-local SGD's period is picked per rate only: by steps the shortest period always wins.
+(``resnet18_long``), else the loss target. Post-local SGD's period is picked per rate only: by steps the shortest
+period always wins.
 The evaluation seeds then run only the picks. The sweep's cost is the CPU and wall time of every run
 (user + system, all ranks, summed over the invocations of a continued run), written beside the picks.
 
