@@ -112,7 +112,7 @@ def test_the_leading_table_gives_time_to_the_held_out_target_against_ddp_with_th
                 {**row("gv_auto at 1gbit", "low-rank", 0.34, {"1gbit": {"top1_time_s": 100.0}}),
                  "trained_at": "1gbit"}]
         (root / "fidelity.json").write_text(json.dumps({"model": "resnet18", "steps": 6000,
-                                                        "reference": "ds_dense", "systems": rows}))
+                                                        "reference": "ds_dense", "top1_target": 0.33, "systems": rows}))
         return root
 
     res = combine([[seed(tmp_path / "a", 600.0, 200.0, 0.33)], [seed(tmp_path / "b", 400.0, 300.0, 0.35)]])
@@ -146,7 +146,7 @@ def test_the_leading_table_says_where_post_local_sgd_beats_compression_beside_th
                 row("sooner", "sparsification", 50.0), row("never", "low-rank", None),
                 {**row("gv_auto at 1gbit", "low-rank", None), "trained_at": "1gbit"}]
         (root / "fidelity.json").write_text(json.dumps({"model": "resnet18", "steps": 6000,
-                                                        "reference": "ds_dense", "systems": rows}))
+                                                        "reference": "ds_dense", "top1_target": 0.33, "systems": rows}))
         return root
 
     res = combine([[seed(tmp_path / "a", 440)], [seed(tmp_path / "b", 280)]])
@@ -179,7 +179,7 @@ def test_post_local_sgd_meets_a_controllers_own_run_through_their_ratios_to_the_
     root = tmp_path / "a"
     root.mkdir()
     (root / "fidelity.json").write_text(json.dumps({"model": "resnet18", "steps": 6000, "reference": "ds_dense",
-                                                    "systems": rows}))
+                                                    "top1_target": 0.33, "systems": rows}))
     line = next(x for x in lead_markdown(combine([[root]])).splitlines() if x.startswith("- 1gbit:"))
     assert "`gv_auto at 1gbit` (150 s, 1.07× ddp_bf16 beside it against 1.25×): post-local SGD 1.17× sooner" in line
 
@@ -203,7 +203,7 @@ def test_the_leading_table_pairs_static_rows_with_the_baseline_in_each_round_of_
                 row("ddp_localsgd@period=8", "baseline", 5000, 1500.0, source="mixed steps"),
                 {**row("gv_auto at 1gbit", "low-rank", 4600, 2700.0, source="cluster run"), "trained_at": "1gbit"}]
         (root / "fidelity.json").write_text(json.dumps({"model": "resnet18", "steps": 6000,
-                                                        "reference": "ds_dense", "systems": rows}))
+                                                        "reference": "ds_dense", "top1_target": 0.33, "systems": rows}))
         return root
 
     medians = {"ddp_bf16": [0.5, 0.6, 0.55], "mine": [0.4, 0.5, 0.5], "ddp_localsgd@period=8": [0.3, 0.3, 0.3],
@@ -251,7 +251,7 @@ def test_controllers_and_post_local_sgd_are_judged_against_a_compressed_systems_
                 {**row("gv_auto at 1gbit", "low-rank", 0.0, adaptive=True, trained_at="1gbit"),
                  "rates": {"100mbit": {"top1_time_s": None}}}]
         (root / "fidelity.json").write_text(json.dumps({"model": "resnet18", "steps": 6000,
-                                                        "reference": "ds_dense", "systems": rows}))
+                                                        "reference": "ds_dense", "top1_target": 0.33, "systems": rows}))
         return root
 
     res = combine([[seed(tmp_path / "a", 480)], [seed(tmp_path / "b", 320)]])
@@ -287,5 +287,27 @@ def test_post_local_sgd_untimed_at_a_rate_is_not_said_to_miss_the_target(tmp_pat
     root = tmp_path / "a"
     root.mkdir()
     (root / "fidelity.json").write_text(json.dumps({"model": "resnet18", "steps": 6000, "reference": "ds_dense",
-                                                    "systems": rows}))
+                                                    "top1_target": 0.33, "systems": rows}))
     assert f"- 100mbit: post-local SGD {said}" in lead_markdown(combine([[root]])).splitlines()
+
+
+def test_a_final_top1_without_a_held_out_target_is_judged_on_the_loss_target(tmp_path: Path) -> None:
+    """A task that reports a final top-1 on every row but whose dense set no held-out target (no interim evaluations)
+    has no steps to one: the leading table gives time to the loss target, as the sweep picks, not an empty column."""
+    from ds_gravac_bench.fidelity_lead import lead_markdown, ratios
+
+    def seed(root: Path, mine_s: float) -> Path:
+        root.mkdir()
+
+        def row(sid: str, family: str, t: float) -> dict:
+            return {**_row(sid, family, 0.5, 0.5, 0.34, 200, 0.1),
+                    "rates": {"100mbit": {"time_s": t}}}
+        rows = [row("ds_dense", "dense", 800.0), row("ddp_bf16", "baseline", 400.0), row("mine", "low-rank", mine_s)]
+        (root / "fidelity.json").write_text(json.dumps({"model": "resnet18", "steps": 6000, "reference": "ds_dense",
+                                                        "top1_target": None, "systems": rows}))
+        return root
+
+    res = combine([[seed(tmp_path / "a", 100.0)], [seed(tmp_path / "b", 300.0)]])
+    assert res["held_out_target"] is False and all(r.get("top1_spread") for r in res["systems"])
+    assert ratios(res)["mine"] == {"100mbit": pytest.approx(2.0)}
+    assert "100mbit: time to loss target (× ddp_bf16)" in lead_markdown(res)

@@ -35,7 +35,7 @@ def _seed(root: Path, control_steps: int) -> Path:
                 trained_at="1gbit"),
             row("gv_auto at 100mbit", "low-rank", {"100mbit": 82.0}, adaptive=True, trained_at="100mbit")]
     (root / "fidelity.json").write_text(json.dumps({"model": "resnet18", "steps": 6000, "reference": "ds_dense",
-                                                    "systems": rows}))
+                                                    "top1_target": 0.33, "systems": rows}))
     return root
 
 
