@@ -120,9 +120,10 @@ def lead_markdown(res: dict[str, Any]) -> str:
     target = "held-out target" if held_out else "loss target"
     n = len(res["seeds"])
     ppl = "final held-out perplexity (mean ± sd)" if n > 1 else "final held-out perplexity (mean)"
-    metric = "final held-out top-1 % (mean ± sd)" if held_out else ppl
+    top1 = any(r.get("top1_spread") for r in res["systems"])   # the metric shown; the target is ``held_out``
+    metric = "final held-out top-1 % (mean ± sd)" if top1 else ppl
     head = ["system", "family"] + [f"{rate}: time to {target} (× {BASELINE})" for rate in rates]
-    head += [metric, "top-1 − dense, points" if held_out else "gap of the means", "bytes / dense", "bounds"]
+    head += [metric, "top-1 − dense, points" if top1 else "gap of the means", "bytes / dense", "bounds"]
     lines = [f"# {res['model']}, {res['steps']} steps, 2 ranks, {n} paired seed{'s' * (n != 1)}", "",
              f"Ratios: {BASELINE}'s mean time to the {target} over the system's (above 1: sooner); \"{BASELINE} "
              f"beside it\": a controller's own run, against {BASELINE}'s steps × its step measured in that invocation."
@@ -135,7 +136,7 @@ def lead_markdown(res: dict[str, Any]) -> str:
                                                 paired.get(r["id"], {}).get(rate),
                                                 (r.get("reference_step_s") or {}).get(rate),
                                                 rate in r.get("priced_at", ())) for rate in rates]
-        diff = _pm(r.get("top1_diff")) if held_out else f"{100 * r['gap']:+.1f}%"
+        diff = _pm(r.get("top1_diff")) if top1 else f"{100 * r['gap']:+.1f}%"
         bytes_cell = "–" if r.get("bytes_ratio") is None else f"{r['bytes_ratio']:.3f}"
         lines.append("| " + " | ".join(cells + [_metric(r), diff, bytes_cell, r["verdict"]]) + " |")
     return "\n".join(lines + controller_lines(res, vs) + local_sgd_lines(res, vs)) + "\n"

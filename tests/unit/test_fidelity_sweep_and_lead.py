@@ -310,4 +310,7 @@ def test_a_final_top1_without_a_held_out_target_is_judged_on_the_loss_target(tmp
     res = combine([[seed(tmp_path / "a", 100.0)], [seed(tmp_path / "b", 300.0)]])
     assert res["held_out_target"] is False and all(r.get("top1_spread") for r in res["systems"])
     assert ratios(res)["mine"] == {"100mbit": pytest.approx(2.0)}
-    assert "100mbit: time to loss target (× ddp_bf16)" in lead_markdown(res)
+    md = lead_markdown(res)
+    assert "100mbit: time to loss target (× ddp_bf16)" in md
+    assert "| final held-out top-1 % (mean ± sd) | top-1 − dense, points |" in md   # the metric the rows show
+    assert "| mine | low-rank | 200 s (2.00×) | 34.00 ± 0.00 | +0.00 ± 0.00 | 0.100 | ok |" in md
