@@ -88,8 +88,12 @@ def pick(res: dict[str, Any], rate: Optional[str] = None) -> dict[str, Optional[
 
 
 def _best(rows: list[dict[str, Any]], rate: Optional[str], held_out: bool) -> Optional[dict[str, Any]]:
+    """The soonest row; its sort key as kept (strict JSON: a level that never reaches the target gets None)."""
     best = min(rows, key=lambda r: _key(r, rate, held_out)) if rows else None
-    return None if best is None else {"id": best["id"], "sort_key": list(_key(best, rate, held_out))}
+    if best is None:
+        return None
+    soon, size = _key(best, rate, held_out)
+    return {"id": best["id"], "sort_key": [None if soon == float("inf") else soon, size]}
 
 
 def _keep_seed(kept: Path, run_dir: Path, _sid: str) -> None:
@@ -138,7 +142,7 @@ def sweep(task: str, seeds: Sequence[int], grid: Sequence[str], out: Path, clust
     result = {"task": task, "tune_seeds": list(seeds), "grid": list(grid), "rates": list(clusters),
               **_summed(costs), "picks": picks, "seeds": res}
     if keep is not None:
-        (keep / "sweep.json").write_text(json.dumps(strip_paths(result), indent=1) + "\n")
+        (keep / "sweep.json").write_text(json.dumps(strip_paths(result), indent=1, allow_nan=False) + "\n")
     return result
 
 
@@ -165,7 +169,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     res = sweep(a.task, a.tune_seeds, a.grid.split(","), out, clusters_of(a.cluster), a.timeout,
                 a.checkpoint_every, a.keep, a.steps, a.micro_batch)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "sweep.json").write_text(json.dumps(res, indent=1))
+    (out / "sweep.json").write_text(json.dumps(res, indent=1, allow_nan=False))
     print(json.dumps({"picks": res["picks"], "cpu_s": res["cpu_s"], "wall_s": res["wall_s"]}, indent=1))
 
 

@@ -58,6 +58,26 @@ def test_on_a_task_with_a_held_out_target_the_sweep_picks_on_it_as_the_lead_judg
     assert pick(res, "100mbit")["sparsification"] == {"id": "gv_topk_10", "sort_key": [4700.0, 0.1]}
 
 
+def test_a_family_whose_only_level_never_reaches_the_target_is_kept_as_strict_json(tmp_path: Path) -> None:
+    """Rank 16 is the only low-rank level within the bounds and never reaches the held-out target: it stays the pick
+    (as on resnet18_long), and its kept sort key says "never" as null, which a strict JSON reader accepts (Python's
+    Infinity is not JSON)."""
+    from ds_gravac_bench.fidelity_sweep import pick
+
+    def seed(root: Path) -> Path:
+        root.mkdir()
+        rows = [{**_row(sid, family, 0.5, 0.5, 0.33, 3200, size), "steps_to_top1": at}
+                for sid, family, size, at in (("ds_dense", "dense", 1.0, 4400),
+                                              ("gv_powersgd_r16", "low-rank", 0.05, None))]
+        (root / "fidelity.json").write_text(json.dumps({"model": "resnet18", "steps": 6000, "reference": "ds_dense",
+                                                        "top1_target": 0.3188, "systems": rows}))
+        return root
+
+    picked = pick(combine([[seed(tmp_path / "a")], [seed(tmp_path / "b")]]))["low-rank"]
+    assert picked == {"id": "gv_powersgd_r16", "sort_key": [None, 0.05]}
+    assert json.loads(json.dumps(picked, allow_nan=False)) == picked
+
+
 def test_the_sweep_cost_sums_every_recorded_run(tmp_path: Path) -> None:
     """The sweep's cost is what bench_e2e recorded per system (a continued run's invocations already summed), so an
     interrupted sweep that is run again reports the whole cost, not the last invocation's."""
