@@ -199,7 +199,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     s.add_argument("run_dir", type=Path)
     s.add_argument("kept", type=Path)
     s.add_argument("--cluster", action="append", type=cluster_arg, default=[], metavar="RATE=DIR",
-                   help="cluster runs whose controllers' rows (trained at a rate) are kept too")
+                   help="cluster runs at RATE: the controllers' rows trained there are kept too, and step-time "
+                        "runs price every static row at RATE, so fidelity_seeds needs only the kept directory")
     r = sub.add_parser("restore", help="write a kept dense run into a new run directory")
     r.add_argument("kept", type=Path)
     r.add_argument("run_dir", type=Path)
