@@ -96,8 +96,12 @@ def price(keep: Path, row_id: str, run_dir: Path, segment_dirs: Sequence[Path]
     branches, sent by the same code) add to the prices; only the row's own system's segments can be checked
     against its run."""
     rows = _kept_rows(keep)
+    if row_id not in rows or BASELINE not in rows:
+        missing = row_id if row_id not in rows else BASELINE
+        raise SystemExit(f"fidelity_branch_price: {keep / REPORT_FILE} has no row {missing!r}; its rows: "
+                         f"{', '.join(sorted(rows))}")
     row, base = rows[row_id], rows[BASELINE]
-    system = row["system"]
+    system = row.get("system") or row_id        # a loopback row's id is its system's (a cluster row's is not)
     run = read_steps(run_dir / "systems" / system / "steps.jsonl")
     segments = segment_runs(segment_dirs)
     lines = []
@@ -158,8 +162,8 @@ def save_price(keep: Path, row_id: str, rate: str, entry: dict[str, Any]) -> Non
 def main(argv: Optional[Sequence[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--keep", type=Path, required=True, help="a kept table directory (its fidelity.json)")
-    p.add_argument("--row", required=True, help="the kept row of the controller's whole run")
-    p.add_argument("--run", type=Path, required=True, help="the whole run's cluster directory")
+    p.add_argument("--row", required=True, help="the kept row of the controller's whole run (at a rate, or loopback)")
+    p.add_argument("--run", type=Path, required=True, help="the whole run's directory (cluster or loopback)")
     p.add_argument("--segments", type=Path, nargs="+", required=True,
                    help="fidelity run directories at the target rate holding segments of the same system")
     p.add_argument("--save", metavar="RATE", default=None,

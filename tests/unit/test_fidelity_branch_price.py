@@ -139,3 +139,23 @@ def test_save_keeps_the_priced_times_as_the_row_s_time_at_the_segments_rate(
     (kept / "fidelity.json").write_text(json.dumps(report))
     with pytest.raises(SystemExit, match="was trained at 100mbit"):
         main(args + ["--save", "100mbit"])
+
+
+def test_a_loopback_row_is_priced_from_its_loopback_run_and_an_unknown_row_is_named(tmp_path: Path) -> None:
+    """GraVAC ε 0.9 on resnet18_long's seeds 1 and 2 ran on loopback only: its kept row is the system's own id, with
+    no ``system`` field (a cluster row's id adds " at RATE"). Its branches come from the loopback run; an id the
+    kept report lacks is refused with the ids it has, not a KeyError."""
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    rows = [{"id": SYSTEM, "steps_to_target": 7, "steps_to_top1": 10},
+            {"id": "ddp_bf16", "steps_to_target": 6, "steps_to_top1": 8}]
+    (keep / "fidelity.json").write_text(json.dumps({"systems": rows}))
+    run_dir = _write(tmp_path / "loopback", SYSTEM, _records(range(1, 13), [0.5] * 12))
+    seg = _write(tmp_path / "fresh", SYSTEM, _records(range(1, 6), [9.0, 9.0, 2.0, 2.2, 2.4]), reference_step=1.0)
+    text = "\n".join(price_report(keep, SYSTEM, run_dir, [seg]))
+    # only CF 10 is priced past the segment's first two steps (2.2 s), and dense only at its start: steps 1–2 at 9.0
+    # (a fresh segment's start prices a branch sent only there). Loss target, step 7: dense × 3 (1, 6, 7) at 9.0,
+    # CF 10 × 4 at 2.2 → 35.8 s; ddp_bf16 6 × 1.0 = 6 s → 0.17
+    assert "loss target: step 7 (dense@1 × 3, min@10 × 4): 36 s; ddp_bf16 6 × 1.000 s = 6 s; × ddp_bf16: 0.17" in text
+    with pytest.raises(SystemExit, match=r"has no row 'gv_gravac at 1gbit'; its rows: ddp_bf16, gv_gravac@"):
+        price_report(keep, "gv_gravac at 1gbit", run_dir, [seg])
