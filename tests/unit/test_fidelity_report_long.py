@@ -11,7 +11,7 @@ from ds_gravac_bench.fidelity import build, report
 from ds_gravac_bench.fidelity_output import markdown
 from ds_gravac_bench.report import smooth
 from ds_gravac_bench.systems import resolve_system, system_matrix
-from fidelity_report_cases import DENSE, SLOW, STATIC, _top1_curve, _write_run
+from fidelity_report_cases import DENSE, SLOW, STATIC, _write_run
 from fidelity_report_cases import dirs  # noqa: F401 (a pytest fixture)
 
 
