@@ -24,7 +24,7 @@ setup(
     extras_require={
         "hf": ["transformers>=5", "accelerate>=1.1"],
         "wandb": ["wandb>=0.31"],
-        "bench": ["matplotlib", "torchvision"],
+        "bench": ["matplotlib", "torchvision", "psutil"],
         "test": ["pytest", "pytest-xdist", "hypothesis"],
     },
     entry_points={"ds_gravac.compressors": []},

@@ -13,6 +13,7 @@ Needs root for the namespaces (ds_gravac_bench/cluster.py). Writes ``<out>/meta.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import hashlib
 import json
@@ -24,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
+
+import psutil
 
 from ds_gravac.integration.ports import free_port
 from ds_gravac.integration.shm_buffer import buffer_path
@@ -71,16 +74,46 @@ def _runner_env(**extra: str) -> dict[str, str]:
 
 
 def run_local(script: str, args: list[str], ddp: bool, port: int, timeout: float, log: Path) -> int:
-    """Smoke and loopback modes: both ranks on this machine (127.0.0.1), no namespaces."""
+    """Smoke and loopback modes: both ranks on this machine (127.0.0.1), no namespaces. A run that outlasts
+    ``timeout`` is stopped with its ranks and returns -1, so the invocation goes on to its next system."""
     env = _runner_env()
     launcher = ([str(VENV_BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", str(port)] if ddp else
         [str(VENV_BIN / "deepspeed"), "--num_gpus", "2", "--master_port", str(port)])
     try:
         with open(log, "w") as fh:
-            return subprocess.run(launcher + [script] + args, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT,
-                                  timeout=timeout).returncode
+            proc = subprocess.Popen(launcher + [script] + args, cwd=ROOT, env=env, stdout=fh,
+                                    stderr=subprocess.STDOUT)
+            try:
+                return proc.wait(timeout=timeout)
+            except BaseException as stopped:    # the timeout, or Ctrl-C / an exception sent to this process alone
+                stop_tree(proc.pid)
+                proc.wait()
+                if not isinstance(stopped, subprocess.TimeoutExpired):
+                    raise
+                fh.write(f"\n[bench_e2e] timed out after {timeout:g} s: every process stopped\n")
+                return -1                       # as the cluster reports a rank stopped at its timeout
     finally:   # a run without ds_gravac (DeepSpeed's own path) never unlinks its buffers
         remove_shm_buffers([(port, r) for r in range(2)])
+
+
+def stop_tree(pid: int, grace: float = 10.0) -> None:
+    """SIGTERM a launcher and every process under it, then SIGKILL whatever survives ``grace`` seconds. The ranks
+    stay in the invoking process group, so a signal to that group (a terminal's Ctrl-C, a stop, a kill) still reaches
+    them; killing the launcher alone would leave them training, orphaned. The tree is read before any signal, while
+    the ranks are still the launcher's children."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.terminate()
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for p in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    psutil.wait_procs(alive, timeout=grace)
 
 
 def remove_shm_buffers(port_ranks: list[tuple[int, int]]) -> None:

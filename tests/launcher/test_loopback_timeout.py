@@ -1,0 +1,81 @@
+"""A loopback run that outlasts ``--timeout`` ends as a failed system, with every rank stopped.
+
+Before: ``subprocess.run(timeout=…)`` killed the launcher alone and raised ``TimeoutExpired``, which ended the whole
+invocation (the systems after it never ran) and left both ranks training, orphaned, on the machine's two cores.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+SLEEPER = """
+import os, sys, time
+with open(os.path.join({out!r}, f"pid-{{os.getpid()}}"), "w") as fh:
+    fh.write("started")
+time.sleep(120)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as fh:          # a zombie is gone for our purpose (its parent reaps it)
+        return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.launcher
+@pytest.mark.parametrize("ddp", [True, False], ids=["torchrun", "deepspeed"])
+def test_loopback_timeout_stops_every_rank_and_returns(tmp_path: Path, ddp: bool) -> None:
+    from ds_gravac.integration.ports import free_port
+    from ds_gravac_bench.e2e import run_local
+
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER.format(out=str(pids)))
+    log = tmp_path / "log.txt"
+    deadline = time.monotonic() + 60
+    started = time.monotonic()
+    rc = run_local(str(script), [], ddp, free_port(), 8.0, log)
+    took = time.monotonic() - started
+    ranks = [int(p.name.split("-")[1]) for p in pids.iterdir()]
+    assert len(ranks) == 2, f"expected both ranks to have started, got {ranks}: {log.read_text()[-2000:]}"
+    while any(_alive(pid) for pid in ranks) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in ranks if _alive(pid)], "a rank outlived its run's timeout"
+    assert rc not in (0, None), rc
+    assert took < 40, f"the run took {took:.0f} s to stop after an 8 s timeout"
+    assert "timed out after 8 s" in log.read_text()
+
+
+@pytest.mark.launcher
+def test_interrupted_loopback_run_stops_its_ranks(tmp_path: Path) -> None:
+    """The ranks run in their own session (so that the timeout can stop their group), where a terminal's Ctrl-C no
+    longer reaches them: the interrupted invocation stops them itself."""
+    import signal
+    import subprocess
+    import sys
+
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER.format(out=str(pids)))
+    driver = ("import sys; from pathlib import Path; from ds_gravac.integration.ports import free_port; "
+              "from ds_gravac_bench.e2e import run_local; "
+              f"run_local({str(script)!r}, [], True, free_port(), 300.0, Path({str(tmp_path / 'log.txt')!r}))")
+    proc = subprocess.Popen([sys.executable, "-c", driver], cwd=Path(__file__).resolve().parents[2])
+    deadline = time.monotonic() + 60
+    while len(list(pids.iterdir())) < 2 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    ranks = [int(p.name.split("-")[1]) for p in pids.iterdir()]
+    assert len(ranks) == 2, f"expected both ranks to have started, got {ranks}"
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) != 0
+    while any(_alive(pid) for pid in ranks) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in ranks if _alive(pid)], "a rank outlived the interrupted invocation"
