@@ -6,6 +6,7 @@
     python -m ds_gravac_bench.long_keep restore docs/bench/long/resnet18_long-s0 runs/long/r18-s0
     python -m ds_gravac_bench.long_keep drop docs/bench/long/lstm_long-s0 "gv_auto at 1gbit"
     python -m ds_gravac_bench.long_keep rejudge docs/bench/long/resnet18_long-s0 [more kept directories]
+    python -m ds_gravac_bench.long_keep price docs/bench/long/resnet18_long-s0-intel --like docs/bench/long/resnet18_long-s1
 
 Why: one seed of ``resnet18_long`` is about 10 machine-hours, a working session gives about 2.5, and raw runs
 live under ``runs/`` (ignored), which a new machine does not have. ``save`` writes two small files into the kept
@@ -34,6 +35,10 @@ re-run with its settings spelled out) would otherwise stay in the seed's table, 
 
 ``rejudge`` applies the current accuracy bounds to the rows a kept report holds, from the figures it keeps (its raw
 runs may be gone): a bound changed after the rows were saved would otherwise judge each seed by another rule.
+
+``price`` times a kept seed's static rows with the step prices another kept seed holds
+(:mod:`ds_gravac_bench.kept_prices`): one step-time invocation per rate prices every seed of a table, after its raw
+runs have left with their machine.
 """
 from __future__ import annotations
 
@@ -50,6 +55,7 @@ from ds_gravac_bench.fidelity_args import cluster_arg, clusters_of
 from ds_gravac_bench.fidelity_judge import peak_rises
 from ds_gravac_bench.fidelity_seeds import seed_table
 from ds_gravac_bench.keep import strip_paths
+from ds_gravac_bench.kept_prices import price_like
 from ds_gravac_bench.fidelity_runs import curve_of
 from ds_gravac_bench.report import read_steps
 
@@ -209,6 +215,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     d.add_argument("ids", nargs="+", metavar="ROW_ID", help="a row's id as the report holds it, e.g. 'gv_auto at 1gbit'")
     j = sub.add_parser("rejudge", help="apply the current accuracy bounds to kept reports")
     j.add_argument("kept", type=Path, nargs="+")
+    p = sub.add_parser("price", help="time a kept seed's static rows with the step prices another kept seed holds")
+    p.add_argument("kept", type=Path)
+    p.add_argument("--like", type=Path, required=True, help="a kept seed of the same table, priced by step-time runs")
     a = ap.parse_args(argv)
     if a.cmd == "run":
         print(f"[long_keep] {run_and_keep(a)}: done")
@@ -219,6 +228,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     elif a.cmd == "drop":
         table = drop(a.kept, a.ids)
         print(f"[long_keep] {a.kept}: dropped {', '.join(a.ids)}; {len(table['systems'])} rows kept")
+    elif a.cmd == "price":
+        table, priced = price_like(json.loads((a.kept / REPORT_FILE).read_text()),
+                                   json.loads((a.like / REPORT_FILE).read_text()), a.like)
+        write_report(a.kept, table)
+        print(f"[long_keep] {a.kept}: priced like {a.like}: {', '.join(priced) or 'nothing left to price'}")
     elif a.cmd == "rejudge":
         for kept in a.kept:
             table = rejudge(kept)
