@@ -20,8 +20,10 @@ import json
 import os
 import platform
 import resource
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -114,6 +116,20 @@ def stop_tree(pid: int, grace: float = 10.0) -> None:
         with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
     psutil.wait_procs(alive, timeout=grace)
+
+
+def _unwind_on_sigterm() -> Optional[Callable[[], None]]:
+    """On loopback, SIGTERM (``kill``, ``pkill``) raises SystemExit as the cluster's handler does, so the system
+    running stops its ranks on the way out (:func:`run_local`) instead of leaving them training; returns what
+    restores the previous handler (None off the main thread, where no handler can be set)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def unwind(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, unwind)
+    return lambda: signal.signal(signal.SIGTERM, previous)
 
 
 def remove_shm_buffers(port_ranks: list[tuple[int, int]]) -> None:
@@ -214,6 +230,7 @@ def run_matrix(opts: argparse.Namespace, after_system: Optional[Callable[[Path, 
         from ds_gravac_bench.cluster import EmulatedCluster
         cluster = EmulatedCluster(ranks=opts.ranks, rate=opts.rate, tag=opts.tag, outdir=out / "cluster")
         cluster.__enter__()
+    restore_term = None if cluster is not None else _unwind_on_sigterm()
     try:
         if cluster is not None:
             measured = cluster.measure(sizes=[1 << 20, 4 << 20, 16 << 20], ops=("all_reduce",), max_repeats=3)
@@ -261,6 +278,8 @@ def run_matrix(opts: argparse.Namespace, after_system: Optional[Callable[[Path, 
     finally:
         if cluster is not None:
             cluster.__exit__(None, None, None)
+        if restore_term is not None:
+            restore_term()
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
     return out
 

@@ -1,7 +1,9 @@
-"""A loopback run that outlasts ``--timeout`` ends as a failed system, with every rank stopped.
+"""A loopback run leaves no rank behind: past ``--timeout`` it ends as a failed system with every rank stopped, and
+an invocation interrupted or sent SIGTERM stops the ranks of the system it was running.
 
 Before: ``subprocess.run(timeout=…)`` killed the launcher alone and raised ``TimeoutExpired``, which ended the whole
-invocation (the systems after it never ran) and left both ranks training, orphaned, on the machine's two cores.
+invocation (the systems after it never ran) and left both ranks training, orphaned, on the machine's two cores; a
+``kill`` or ``pkill`` of the invocation left them the same way.
 """
 from __future__ import annotations
 
@@ -79,3 +81,50 @@ def test_interrupted_loopback_run_stops_its_ranks(tmp_path: Path) -> None:
     while any(_alive(pid) for pid in ranks) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not [pid for pid in ranks if _alive(pid)], "a rank outlived the interrupted invocation"
+
+
+def _ranks_logging_to(log_dir: Path) -> list[int]:
+    import psutil
+
+    out = []
+    for proc in psutil.process_iter(["pid", "cmdline", "status"]):
+        cmd = proc.info["cmdline"] or []
+        if str(log_dir) in cmd and proc.info["status"] != psutil.STATUS_ZOMBIE:
+            out.append(proc.info["pid"])
+    return out
+
+
+@pytest.mark.launcher
+def test_sigterm_to_a_loopback_invocation_stops_its_ranks(tmp_path: Path) -> None:
+    """``kill <pid>`` of ``e2e run`` (as ``pkill -f ds_gravac_bench.long_keep`` does) while a system trains."""
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    log_dir = out / "systems" / "ds_dense"
+    cmd = [sys.executable, "-m", "ds_gravac_bench.e2e", "run", "--model", "tiny_cnn", "--rate", "loopback",
+           "--steps", "100000", "--systems", "ds_dense", "--micro-batch", "4", "--runner-extra=--eval-every -1",
+           "--out", str(out)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", WANDB_MODE="offline")
+    proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[2], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 180
+    try:
+        steps = log_dir / "steps.jsonl"
+        while time.monotonic() < deadline and proc.poll() is None and \
+                not (steps.is_file() and steps.read_text().count("\n") >= 3):
+            time.sleep(0.2)
+        assert proc.poll() is None, f"the run ended (exit {proc.returncode}) before it could be stopped"
+        ranks = _ranks_logging_to(log_dir)
+        assert len(ranks) >= 2, ranks                   # the launcher and both ranks name the log directory
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) != 0
+        while any(_alive(pid) for pid in ranks) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [pid for pid in ranks if _alive(pid)], "a rank outlived the invocation sent SIGTERM"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in _ranks_logging_to(log_dir):
+            os.kill(pid, signal.SIGKILL)
