@@ -68,6 +68,9 @@ def price_entry(row: dict[str, Any], like: dict[str, Any], warmup: int) -> dict[
     """``row``'s entry at one rate from ``like``'s entry (the same system at that rate in another seed)."""
     prices = entry_prices(like)
     quiet = row.get("quiet_steps") or {}
+    if "send" in prices and not quiet:
+        raise SystemExit(f"long_keep price: row {row['id']!r} keeps no count of its quiet steps (quiet_steps), "
+                         "which post-local SGD's prices need; save it again from its run directory")
     out: dict[str, Any] = {k: like[k] for k in ("step_s", "dense_start_step_s", "send_step_s", "quiet_step_s")
                            if k in like}
     if "send" in prices:                    # the mean step of this run: its own mix of sending and quiet steps

@@ -6,7 +6,8 @@
     python -m ds_gravac_bench.long_keep restore docs/bench/long/resnet18_long-s0 runs/long/r18-s0
     python -m ds_gravac_bench.long_keep drop docs/bench/long/lstm_long-s0 "gv_auto at 1gbit"
     python -m ds_gravac_bench.long_keep rejudge docs/bench/long/resnet18_long-s0 [more kept directories]
-    python -m ds_gravac_bench.long_keep price docs/bench/long/resnet18_long-s0-intel --like docs/bench/long/resnet18_long-s1
+    python -m ds_gravac_bench.long_keep price docs/bench/long/resnet18_long-s0-intel \\
+        --like docs/bench/long/resnet18_long-s1
 
 Why: one seed of ``resnet18_long`` is about 10 machine-hours, a working session gives about 2.5, and raw runs
 live under ``runs/`` (ignored), which a new machine does not have. ``save`` writes two small files into the kept

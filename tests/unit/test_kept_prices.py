@@ -114,3 +114,10 @@ def test_another_tables_prices_are_refused() -> None:
     like["steps"] = 2000
     with pytest.raises(SystemExit, match="another table \\(steps differ\\)"):
         price_like(_table(), like, Path("kept/like"))
+
+
+def test_post_local_sgd_without_its_quiet_step_count_is_refused() -> None:
+    table = _table()
+    del table["systems"][2]["quiet_steps"]
+    with pytest.raises(SystemExit, match="ddp_localsgd@period=8.*quiet_steps"):
+        price_like(table, _like(), Path("kept/like"))
