@@ -112,8 +112,11 @@ def test_sigterm_to_a_loopback_invocation_stops_its_ranks(tmp_path: Path) -> Non
     deadline = time.monotonic() + 180
     try:
         steps = log_dir / "steps.jsonl"
-        while time.monotonic() < deadline and proc.poll() is None and \
-                not (steps.is_file() and steps.read_text().count("\n") >= 3):
+
+        def logged() -> bool:
+            return steps.is_file() and steps.read_text().count("\n") >= 3
+
+        while time.monotonic() < deadline and proc.poll() is None and not logged():
             time.sleep(0.2)
         assert proc.poll() is None, f"the run ended (exit {proc.returncode}) before it could be stopped"
         ranks = _ranks_logging_to(log_dir)
