@@ -45,7 +45,13 @@ BASE_CONFIGS = {"resnet101": "resnet101_dense.json", "resnet18": "resnet101_dens
                 "mlp": "mlp_dense.json"}
 
 
+# Caps on the instruction sets the kernels use: they pick the kernels, so the loss curve (an AVX-512 AMD EPYC capped
+# to AVX2 by all three trains as an AVX2 AMD EPYC does, bit for bit; docs/BENCHMARKS_LONG.md, "Cost")
+ISA_CAPS = ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY")
+
+
 def env_block() -> dict[str, Any]:
+    """Where a run was made: versions, CPU, threads, any instruction-set caps, commit and date."""
     import deepspeed
     import torch
     try:
@@ -54,8 +60,10 @@ def env_block() -> dict[str, Any]:
         commit = None
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
                platform.processor())
+    caps = {k: os.environ[k] for k in ISA_CAPS if os.environ.get(k)}
     return {"torch": torch.__version__, "deepspeed": deepspeed.__version__, "python": platform.python_version(),
             "cpu": cpu, "cores": os.cpu_count(), "omp_threads": os.environ.get("OMP_NUM_THREADS", "1"),
+            **({"isa_caps": caps} if caps else {}),
             "git_commit": commit, "date": dt.datetime.now(dt.timezone.utc).isoformat()}
 
 
