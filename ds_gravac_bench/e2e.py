@@ -175,15 +175,24 @@ def run_compute_only(script: str, args: list[str], ports: list[int], timeout: fl
         cmd = ["taskset", "-c", str(cores[r % len(cores)]), sys.executable, script, *args, *extra]
         fh = open(log_dir / f"log{'' if r == 0 else r}.txt", "w")
         procs.append((subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT), fh))
-    codes = []
-    for proc, fh in procs:
-        try:
-            codes.append(proc.wait(timeout=timeout))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            codes.append(-1)
-        fh.close()
-    remove_shm_buffers([(port, 0) for port in ports])     # each process is rank 0 of its own port
+    deadline, codes = time.monotonic() + timeout, []
+    try:
+        for proc, _ in procs:
+            try:
+                codes.append(proc.wait(timeout=max(0.0, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                stop_tree(proc.pid)
+                proc.wait()
+                codes.append(-1)
+    except BaseException:        # Ctrl-C, or SIGTERM's SystemExit: none of them goes on computing
+        for proc, _ in procs:
+            stop_tree(proc.pid)
+            proc.wait()
+        raise
+    finally:
+        for _, fh in procs:
+            fh.close()
+        remove_shm_buffers([(port, 0) for port in ports])     # each process is rank 0 of its own port
     return max(codes)
 
 

@@ -89,22 +89,24 @@ def _ranks_logging_to(log_dir: Path) -> list[int]:
     out = []
     for proc in psutil.process_iter(["pid", "cmdline", "status"]):
         cmd = proc.info["cmdline"] or []
-        if str(log_dir) in cmd and proc.info["status"] != psutil.STATUS_ZOMBIE:
+        if any(str(log_dir) in arg for arg in cmd) and proc.info["status"] != psutil.STATUS_ZOMBIE:
             out.append(proc.info["pid"])
     return out
 
 
 @pytest.mark.launcher
-def test_sigterm_to_a_loopback_invocation_stops_its_ranks(tmp_path: Path) -> None:
-    """``kill <pid>`` of ``e2e run`` (as ``pkill -f ds_gravac_bench.long_keep`` does) while a system trains."""
+@pytest.mark.parametrize("system", ["ds_dense", "compute_only"])
+def test_sigterm_to_a_loopback_invocation_stops_its_ranks(tmp_path: Path, system: str) -> None:
+    """``kill <pid>`` of ``e2e run`` (as ``pkill -f ds_gravac_bench.long_keep`` does) while a system trains: both
+    ranks under a launcher, or compute_only's two single-rank processes."""
     import signal
     import subprocess
     import sys
 
     out = tmp_path / "run"
-    log_dir = out / "systems" / "ds_dense"
+    log_dir = out / "systems" / system
     cmd = [sys.executable, "-m", "ds_gravac_bench.e2e", "run", "--model", "tiny_cnn", "--rate", "loopback",
-           "--steps", "100000", "--systems", "ds_dense", "--micro-batch", "4", "--runner-extra=--eval-every -1",
+           "--steps", "100000", "--systems", system, "--micro-batch", "4", "--runner-extra=--eval-every -1",
            "--out", str(out)]
     env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", WANDB_MODE="offline")
     proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[2], env=env, stdout=subprocess.DEVNULL,
