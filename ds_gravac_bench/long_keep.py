@@ -8,6 +8,7 @@
     python -m ds_gravac_bench.long_keep rejudge docs/bench/long/resnet18_long-s0 [more kept directories]
     python -m ds_gravac_bench.long_keep price docs/bench/long/resnet18_long-s0-intel \\
         --like docs/bench/long/resnet18_long-s1
+    python -m ds_gravac_bench.long_keep match docs/bench/long/resnet18_long-s0-intel runs/check
 
 Why: one seed of ``resnet18_long`` is about 10 machine-hours, a working session gives about 2.5, and raw runs
 live under ``runs/`` (ignored), which a new machine does not have. ``save`` writes two small files into the kept
@@ -36,6 +37,11 @@ re-run with its settings spelled out) would otherwise stay in the seed's table, 
 
 ``rejudge`` applies the current accuracy bounds to the rows a kept report holds, from the figures it keeps (its raw
 runs may be gone): a bound changed after the rows were saved would otherwise judge each seed by another rule.
+
+``match`` says whether this machine can continue a kept seed: the dense run in a run directory (a minute of
+``fidelity run --task T --seed S --systems ds_dense --timeout 60 --out DIR`` is enough) against the kept curve, bit
+for bit. Loss curves follow the kernels' instruction set, so a machine that leaves the kept curve at any step
+trains every other system of that seed on another curve too (docs/BENCHMARKS_LONG.md, "Cost").
 
 ``price`` times a kept seed's static rows with the step prices another kept seed holds
 (:mod:`ds_gravac_bench.kept_prices`): one step-time invocation per rate prices every seed of a table, after its raw
@@ -146,6 +152,25 @@ def restore(kept: Path, run_dir: Path) -> str:
     return ref
 
 
+def match(kept: Path, run_dir: Path) -> tuple[int, Optional[int]]:
+    """(steps compared, the first step whose loss differs from the kept dense curve's, None when none does) for
+    the dense run in ``run_dir``, as far as both go."""
+    reference = json.loads((kept / REFERENCE_FILE).read_text())
+    steps = run_dir / "systems" / reference["system"] / "steps.jsonl"
+    if not steps.is_file():
+        raise SystemExit(f"long_keep match: {run_dir} holds no run of {reference['system']} (no {steps.name})")
+    kept_curve = expand_curve(reference["curve"], reference["system"])
+    here = read_steps(steps)
+    dtype = reference["curve"]["loss"]["dtype"]          # the kept precision: float32 as the runners log it
+    pairs = list(zip(kept_curve, here))
+    if not pairs:
+        raise SystemExit(f"long_keep match: {steps} holds no step yet")
+    for a, b in pairs:
+        if a["step"] != b["step"] or np.asarray(a["loss"], dtype) != np.asarray(b["loss"], dtype):
+            return len(pairs), int(b["step"])
+    return len(pairs), None
+
+
 def drop(kept: Path, ids: Sequence[str]) -> dict[str, Any]:
     """Remove the rows ``ids`` from ``kept``'s report; the rest stays as it was but for the noise floor, which is
     recomputed from the rows left (it is the noise control's row). The dense reference and an id the report does
@@ -216,6 +241,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     d.add_argument("ids", nargs="+", metavar="ROW_ID", help="a row's id as the report holds it, e.g. 'gv_auto at 1gbit'")
     j = sub.add_parser("rejudge", help="apply the current accuracy bounds to kept reports")
     j.add_argument("kept", type=Path, nargs="+")
+    m = sub.add_parser("match", help="is a run directory's dense curve the kept one, bit for bit (this machine's?)")
+    m.add_argument("kept", type=Path)
+    m.add_argument("run_dir", type=Path)
     p = sub.add_parser("price", help="time a kept seed's static rows with the step prices another kept seed holds")
     p.add_argument("kept", type=Path)
     p.add_argument("--like", type=Path, required=True, help="a kept seed of the same table, priced by step-time runs")
@@ -229,6 +257,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     elif a.cmd == "drop":
         table = drop(a.kept, a.ids)
         print(f"[long_keep] {a.kept}: dropped {', '.join(a.ids)}; {len(table['systems'])} rows kept")
+    elif a.cmd == "match":
+        n, differs = match(a.kept, a.run_dir)
+        if differs is not None:
+            raise SystemExit(f"[long_keep] {a.run_dir}: leaves {a.kept}'s dense curve at step {differs}: this machine "
+                             "trains another curve and cannot continue that seed")
+        print(f"[long_keep] {a.run_dir}: {a.kept}'s dense curve bit for bit over {n} steps")
     elif a.cmd == "price":
         table, priced = price_like(json.loads((a.kept / REPORT_FILE).read_text()),
                                    json.loads((a.like / REPORT_FILE).read_text()), a.like)
