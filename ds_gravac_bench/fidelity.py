@@ -33,6 +33,7 @@ from ds_gravac_bench.fidelity_reference import REFERENCE_STEPS, needs_reference,
 from ds_gravac_bench.fidelity_runs import SAME_SETTINGS, as_paths, cluster_runs, load_dirs, match_key
 from ds_gravac_bench.fidelity_time import adaptive, first_eval_reach, first_reach, quiet_counts, time_at_rate
 from ds_gravac_bench.gravac_label import system_label
+from ds_gravac_bench.machine_check import check_before_training
 from ds_gravac_bench.report import shown_path
 from ds_gravac_bench.systems import jitter_control_of
 from ds_gravac_bench.table_targets import held_out_target, loss_target
@@ -124,6 +125,8 @@ def run(opts: argparse.Namespace, after_system: Optional[Callable[[Path, str], N
                              runner_extra=(*task.runner_extra, "--seed", str(opts.seed)),
                              fidelity={"task": opts.task, "seed": opts.seed, "target_fraction": task.target_fraction,
                                        "top1_margin": task.top1_margin})
+    if rate == "loopback":
+        check_before_training(e2e)
     out = run_matrix(e2e, after_system)
     steps = getattr(opts, "reference_steps", 0)
     if rate != "loopback" and steps and needs_reference(e2e.systems):   # the baseline's step beside the others'

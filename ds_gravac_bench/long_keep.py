@@ -41,7 +41,8 @@ runs may be gone): a bound changed after the rows were saved would otherwise jud
 ``match`` says whether this machine can continue a kept seed: the dense run in a run directory (a minute of
 ``fidelity run --task T --seed S --systems ds_dense --timeout 60 --out DIR`` is enough) against the kept curve, bit
 for bit. Loss curves follow the kernels' instruction set, so a machine that leaves the kept curve at any step
-trains every other system of that seed on another curve too (docs/BENCHMARKS_LONG.md, "Cost").
+trains every other system of that seed on another curve too (docs/BENCHMARKS_LONG.md, "Cost"). ``restore`` marks
+the run it writes, and training into such a directory makes this check first (:mod:`ds_gravac_bench.machine_check`).
 
 ``price`` times a kept seed's static rows with the step prices another kept seed holds
 (:mod:`ds_gravac_bench.kept_prices`): one step-time invocation per rate prices every seed of a table, after its raw
@@ -64,7 +65,8 @@ from ds_gravac_bench.fidelity_seeds import seed_table
 from ds_gravac_bench.keep import strip_paths
 from ds_gravac_bench.kept_prices import price_like
 from ds_gravac_bench.fidelity_runs import curve_of
-from ds_gravac_bench.report import read_steps
+from ds_gravac_bench.machine_check import CHECK_SECONDS, check_restored, first_difference, mark_restored
+from ds_gravac_bench.report import read_steps, shown_path
 
 REPORT_FILE, REFERENCE_FILE = "fidelity.json", "reference.json"
 
@@ -149,6 +151,7 @@ def restore(kept: Path, run_dir: Path) -> str:
     if reference["config"] is not None:
         (run_dir / "configs" / f"{ref}.json").write_text(json.dumps(reference["config"], indent=1))
     (run_dir / "meta.json").write_text(json.dumps(reference["meta"], indent=1))
+    mark_restored(run_dir, ref, shown_path(kept), (reference.get("meta") or {}).get("env"))
     return ref
 
 
@@ -159,16 +162,10 @@ def match(kept: Path, run_dir: Path) -> tuple[int, Optional[int]]:
     steps = run_dir / "systems" / reference["system"] / "steps.jsonl"
     if not steps.is_file():
         raise SystemExit(f"long_keep match: {run_dir} holds no run of {reference['system']} (no {steps.name})")
-    kept_curve = expand_curve(reference["curve"], reference["system"])
-    here = read_steps(steps)
-    dtype = reference["curve"]["loss"]["dtype"]          # the kept precision: float32 as the runners log it
-    pairs = list(zip(kept_curve, here))
-    if not pairs:
+    n, differs = first_difference(expand_curve(reference["curve"], reference["system"]), read_steps(steps))
+    if n == 0:
         raise SystemExit(f"long_keep match: {steps} holds no step yet")
-    for a, b in pairs:
-        if a["step"] != b["step"] or np.asarray(a["loss"], dtype) != np.asarray(b["loss"], dtype):
-            return len(pairs), int(b["step"])
-    return len(pairs), None
+    return n, differs
 
 
 def drop(kept: Path, ids: Sequence[str]) -> dict[str, Any]:
@@ -211,6 +208,11 @@ def run_and_keep(opts: argparse.Namespace) -> Path:
     loopback = opts.rate == "loopback"
     if not loopback and opts.against is None:
         raise SystemExit("long_keep run: --rate needs --against DIR, the seed's loopback run directory (dense)")
+
+    if not loopback:        # the controllers' rows are judged against that loopback dense run: this machine's?
+        check_restored(opts.against, lambda check_dir, sid: run(argparse.Namespace(**{
+            **vars(opts), "rate": "loopback", "systems": sid, "out": str(check_dir), "timeout": CHECK_SECONDS,
+            "checkpoint_every": 0, "reference_steps": 0})))
 
     def keep_now(out: Path, sid: str) -> None:
         table = save(out, opts.keep) if loopback else save(opts.against, opts.keep, {opts.rate: [out]})

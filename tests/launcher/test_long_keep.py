@@ -149,3 +149,39 @@ def test_a_tuning_sweep_continues_from_its_kept_seeds_on_another_machine(first: 
     again = sweep(out=tmp_path / "elsewhere", **common)
     assert not (tmp_path / "elsewhere" / "seed5" / "systems" / "gv_qsgd8").exists()   # nothing trained
     assert {k: again[k] for k in ("picks", "cpu_s", "wall_s")} == {k: res[k] for k in ("picks", "cpu_s", "wall_s")}
+
+
+def _other_machines_curve(kept: Path, run_dir: Path) -> None:
+    """The dense run restored, then its step-2 loss moved by one float32 ulp: what another machine class's kept run
+    looks like to this one (the AVX-512 AMD EPYC against the Intel Xeon's ResNet-18 curve: one ulp at step 2)."""
+    import numpy as np
+
+    assert restore(kept, run_dir) == "ds_dense"
+    steps = run_dir / "systems" / "ds_dense" / "steps.jsonl"
+    records = [json.loads(x) for x in steps.read_text().splitlines() if x.strip()]
+    records[1]["loss"] = float(np.nextafter(np.float32(records[1]["loss"]), np.float32(np.inf)))
+    steps.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_a_restored_dense_run_this_machine_does_not_reproduce_stops_training(first: FirstRun, tmp_path: Path) -> None:
+    """Loopback (``fidelity run`` after ``restore``, as ``long_keep run`` and the sweep do) and a controller's run at a
+    rate against it: both refuse before training anything, naming the step."""
+    other = tmp_path / "other"
+    _other_machines_curve(first.kept, other)
+    with pytest.raises(SystemExit, match="leaves .* ds_dense curve .* at step 2"):
+        fidelity(["run", *ARGS, "--systems", "ds_dense,gv_default", "--out", str(other)])
+    assert not (other / "systems" / "gv_default").exists()                   # nothing was trained
+    with pytest.raises(SystemExit, match="at step 2"):
+        long_keep.main(["run", "--keep", str(tmp_path / "kept"), *ARGS, "--rate", "1gbit", "--against", str(other),
+                        "--systems", "gv_auto", "--out", str(tmp_path / "cluster")])
+    assert not (tmp_path / "cluster").exists() and not (tmp_path / "kept").exists()
+
+
+def test_a_restored_dense_run_this_machine_reproduces_is_checked_once_and_trained_against(first: FirstRun,
+                                                                                         tmp_path: Path) -> None:
+    same = tmp_path / "same"
+    assert restore(first.kept, same) == "ds_dense"
+    fidelity(["run", *ARGS, "--systems", "ds_dense,gv_default", "--out", str(same)])
+    checked = _losses(same / "machine-check", "ds_dense")
+    assert checked == _losses(same, "ds_dense")[:len(checked)] and checked    # the check's own run, bit for bit
+    assert _losses(same, "gv_default") == _losses(first.run_dir, "gv_default")
