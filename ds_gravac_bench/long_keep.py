@@ -26,7 +26,8 @@ directory after every finished run:
 
 ``run`` is ``fidelity run`` with a ``save`` after every system that finishes (a long invocation outlasts the
 session that started it, so its end may never come); with ``--rate`` it saves the controllers' rows against the
-seed's loopback directory given by ``--against``.
+seed's loopback directory given by ``--against``. Into a directory that does not exist yet (another machine) it
+restores the kept dense run first, so the same command continues the seed.
 
 ``restore`` writes that reference run back as a finished system of a new run directory, so that
 ``fidelity run --checkpoint-every K --out DIR`` skips it and trains only the systems still missing, and their rows
@@ -209,6 +210,9 @@ def run_and_keep(opts: argparse.Namespace) -> Path:
     if not loopback and opts.against is None:
         raise SystemExit("long_keep run: --rate needs --against DIR, the seed's loopback run directory (dense)")
 
+    seed_dir = Path(opts.out) if loopback and opts.out else opts.against
+    if seed_dir is not None and not (seed_dir / "meta.json").exists() and (opts.keep / REFERENCE_FILE).is_file():
+        _restore_for(opts, seed_dir)       # on another machine: train only what the kept seed lacks, against its dense
     if not loopback:        # the controllers' rows are judged against that loopback dense run: this machine's?
         check_restored(opts.against, lambda check_dir, sid: run(argparse.Namespace(**{
             **vars(opts), "rate": "loopback", "systems": sid, "out": str(check_dir), "timeout": CHECK_SECONDS,
@@ -219,6 +223,17 @@ def run_and_keep(opts: argparse.Namespace) -> Path:
         print(f"[long_keep] {sid} finished: {opts.keep} keeps {len(table['systems'])} rows", flush=True)
 
     return run(opts, keep_now)
+
+
+def _restore_for(opts: argparse.Namespace, run_dir: Path) -> None:
+    """``restore`` the kept seed's dense run into ``run_dir`` for ``long_keep run``, once its task and seed are
+    the ones asked for (a kept directory given for another seed would judge every row against the wrong dense)."""
+    made = (json.loads((opts.keep / REFERENCE_FILE).read_text()).get("meta") or {}).get("fidelity") or {}
+    asked = {"task": opts.task, "seed": opts.seed}
+    if any(made.get(k) != v for k, v in asked.items()):
+        raise SystemExit(f"long_keep run: {opts.keep} keeps the dense run of task {made.get('task')!r}, seed "
+                         f"{made.get('seed')!r}, not {asked['task']!r}, seed {asked['seed']!r}")
+    print(f"[long_keep] {run_dir}: {restore(opts.keep, run_dir)} restored from {opts.keep}", flush=True)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

@@ -185,3 +185,24 @@ def test_a_restored_dense_run_this_machine_reproduces_is_checked_once_and_traine
     checked = _losses(same / "machine-check", "ds_dense")
     assert checked == _losses(same, "ds_dense")[:len(checked)] and checked    # the check's own run, bit for bit
     assert _losses(same, "gv_default") == _losses(first.run_dir, "gv_default")
+
+
+def test_long_keep_run_into_a_new_directory_restores_the_kept_dense_run_first(first: FirstRun, tmp_path: Path) -> None:
+    """The same ``long_keep run`` command on another machine (no run directory yet) restores the kept dense run,
+    checks this machine reproduces it, and trains only what the kept seed lacks; a kept seed of another seed is
+    refused before anything runs."""
+    import shutil
+
+    kept, new = tmp_path / "kept", tmp_path / "new"
+    shutil.copytree(first.kept, kept)
+    if any(r["id"] == "gv_default" for r in json.loads((kept / "fidelity.json").read_text())["systems"]):
+        long_keep.drop(kept, ["gv_default"])
+    long_keep.main(["run", "--keep", str(kept), *ARGS, "--systems", "ds_dense,gv_default", "--out", str(new)])
+    assert (new / "systems" / "ds_dense" / "restored.json").is_file()        # restored, not trained again
+    assert (new / "machine-check" / "systems" / "ds_dense").is_dir()         # and checked on this machine
+    assert _losses(new, "gv_default") == _losses(first.run_dir, "gv_default")
+    assert "gv_default" in {r["id"] for r in json.loads((kept / "fidelity.json").read_text())["systems"]}
+    other_seed = [a if a != "5" else "6" for a in ARGS]
+    with pytest.raises(SystemExit, match="keeps the dense run of task 'mlp_screen', seed 5, not 'mlp_screen', seed 6"):
+        long_keep.main(["run", "--keep", str(kept), *other_seed, "--systems", "gv_default", "--out", str(tmp_path / "x")])
+    assert not (tmp_path / "x").exists()
