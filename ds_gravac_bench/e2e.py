@@ -45,8 +45,8 @@ BASE_CONFIGS = {"resnet101": "resnet101_dense.json", "resnet18": "resnet101_dens
                 "mlp": "mlp_dense.json"}
 
 
-# Caps on the instruction sets the kernels use: they pick the kernels, so the loss curve (an AVX-512 AMD EPYC capped
-# to AVX2 by all three trains as an AVX2 AMD EPYC does, bit for bit; docs/BENCHMARKS_LONG.md, "Cost")
+# Caps on the instruction sets oneDNN, MKL and ATen use. They pick the kernels and so the loss curve: an AVX-512 AMD
+# EPYC capped to AVX2 by all three trains as an AVX2 AMD EPYC does, bit for bit (docs/BENCHMARKS_LONG.md, "Cost").
 ISA_CAPS = ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY")
 
 
@@ -96,7 +96,8 @@ def run_local(script: str, args: list[str], ddp: bool, port: int, timeout: float
             try:
                 return proc.wait(timeout=timeout)
             except BaseException as stopped:    # the timeout, or Ctrl-C / an exception sent to this process alone
-                stop_tree(proc.pid)
+                if proc.poll() is None:         # not reaped yet, so its pid is still ours to signal
+                    stop_tree(proc.pid)
                 proc.wait()
                 if not isinstance(stopped, subprocess.TimeoutExpired):
                     raise
@@ -186,7 +187,8 @@ def run_compute_only(script: str, args: list[str], ports: list[int], timeout: fl
                 codes.append(-1)
     except BaseException:        # Ctrl-C, or SIGTERM's SystemExit: none of them goes on computing
         for proc, _ in procs:
-            stop_tree(proc.pid)
+            if proc.poll() is None:      # a reaped process's pid may be another process's by now
+                stop_tree(proc.pid)
             proc.wait()
         raise
     finally:

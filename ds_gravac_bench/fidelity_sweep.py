@@ -102,12 +102,12 @@ def _keep_seed(kept: Path, run_dir: Path, _sid: str) -> None:
     keep_cost(run_dir, kept)
 
 
-def _missing(systems: Sequence[str], kept: Path, run_dir: Path) -> list[str]:
+def _missing(systems: Sequence[str], kept: Path, run_dir: Path, task: str, seed: int) -> list[str]:
     """The systems ``kept`` lacks; its dense run restored into a new ``run_dir`` so that they are judged against it."""
     if not (kept / REPORT_FILE).is_file():
         return list(systems)
     if not (run_dir / "meta.json").exists():
-        restore(kept, run_dir)
+        restore(kept, run_dir, task, seed)
     done = {r["id"] for r in json.loads((kept / REPORT_FILE).read_text())["systems"]}
     return [s for s in systems if s not in done]
 
@@ -124,7 +124,7 @@ def sweep(task: str, seeds: Sequence[int], grid: Sequence[str], out: Path, clust
     for seed in seeds:
         d = out / f"seed{seed}"
         kept = None if keep is None else keep / f"seed{seed}"
-        systems = ["ds_dense", *grid] if kept is None else _missing(["ds_dense", *grid], kept, d)
+        systems = ["ds_dense", *grid] if kept is None else _missing(["ds_dense", *grid], kept, d, task, seed)
 
         if systems:
             run(argparse.Namespace(task=task, steps=steps, systems=",".join(systems), micro_batch=micro_batch,

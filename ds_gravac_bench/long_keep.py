@@ -138,12 +138,19 @@ def save(run_dir: Path, kept: Path, clusters: Optional[dict[str, list[Path]]] = 
     return table
 
 
-def restore(kept: Path, run_dir: Path) -> str:
+def restore(kept: Path, run_dir: Path, task: Optional[str] = None, seed: Optional[int] = None) -> str:
     """Write the kept dense run into ``run_dir`` as a finished system; returns its id. A directory that already
-    holds runs is refused: its own dense run (or another one) would be overwritten."""
+    holds runs is refused: its own dense run (or another one) would be overwritten; so is a kept run of another
+    ``task`` or ``seed`` than the caller's (every row trained after it would be judged against the wrong dense)."""
     if (run_dir / "meta.json").exists():
         raise SystemExit(f"long_keep: {run_dir} already holds runs (meta.json); restore into a new directory")
     reference = json.loads((kept / REFERENCE_FILE).read_text())
+    made = (reference.get("meta") or {}).get("fidelity") or {}
+    asked = {k: v for k, v in (("task", task), ("seed", seed)) if v is not None}
+    if any(made.get(k) != v for k, v in asked.items()):
+        raise SystemExit(f"long_keep: {kept} keeps the dense run of task {made.get('task')!r}, seed "
+                         f"{made.get('seed')!r}, not {asked.get('task', made.get('task'))!r}, seed "
+                         f"{asked.get('seed', made.get('seed'))!r}")
     ref = reference["system"]
     (run_dir / "systems" / ref).mkdir(parents=True)
     (run_dir / "configs").mkdir(exist_ok=True)
@@ -212,7 +219,8 @@ def run_and_keep(opts: argparse.Namespace) -> Path:
 
     seed_dir = Path(opts.out) if loopback and opts.out else opts.against
     if seed_dir is not None and not (seed_dir / "meta.json").exists() and (opts.keep / REFERENCE_FILE).is_file():
-        _restore_for(opts, seed_dir)       # on another machine: train only what the kept seed lacks, against its dense
+        ref = restore(opts.keep, seed_dir, opts.task, opts.seed)   # on another machine: train only what it lacks
+        print(f"[long_keep] {seed_dir}: {ref} restored from {opts.keep}", flush=True)
     if not loopback:        # the controllers' rows are judged against that loopback dense run: this machine's?
         check_restored(opts.against, lambda check_dir, sid: run(argparse.Namespace(**{
             **vars(opts), "rate": "loopback", "systems": sid, "out": str(check_dir), "timeout": CHECK_SECONDS,
@@ -223,17 +231,6 @@ def run_and_keep(opts: argparse.Namespace) -> Path:
         print(f"[long_keep] {sid} finished: {opts.keep} keeps {len(table['systems'])} rows", flush=True)
 
     return run(opts, keep_now)
-
-
-def _restore_for(opts: argparse.Namespace, run_dir: Path) -> None:
-    """``restore`` the kept seed's dense run into ``run_dir`` for ``long_keep run``, once its task and seed are
-    the ones asked for (a kept directory given for another seed would judge every row against the wrong dense)."""
-    made = (json.loads((opts.keep / REFERENCE_FILE).read_text()).get("meta") or {}).get("fidelity") or {}
-    asked = {"task": opts.task, "seed": opts.seed}
-    if any(made.get(k) != v for k, v in asked.items()):
-        raise SystemExit(f"long_keep run: {opts.keep} keeps the dense run of task {made.get('task')!r}, seed "
-                         f"{made.get('seed')!r}, not {asked['task']!r}, seed {asked['seed']!r}")
-    print(f"[long_keep] {run_dir}: {restore(opts.keep, run_dir)} restored from {opts.keep}", flush=True)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
