@@ -61,6 +61,9 @@ def env_block() -> dict[str, Any]:
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
                platform.processor())
     caps = {k: os.environ[k] for k in ISA_CAPS if os.environ.get(k)}
+    preload = [Path(p).name for p in os.environ.get("LD_PRELOAD", "").replace(":", " ").split()]
+    if preload:                         # e.g. the shim that gives MKL its Intel kernels on AMD (mkl_vendor.py)
+        caps["LD_PRELOAD"] = " ".join(preload)
     return {"torch": torch.__version__, "deepspeed": deepspeed.__version__, "python": platform.python_version(),
             "cpu": cpu, "cores": os.cpu_count(), "omp_threads": os.environ.get("OMP_NUM_THREADS", "1"),
             **({"isa_caps": caps} if caps else {}),

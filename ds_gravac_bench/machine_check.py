@@ -1,12 +1,12 @@
 """Refuse to train against a dense run restored from another machine class.
 
 Why: a kept seed continues on another machine by restoring its dense run (``long_keep restore``), and every system
-trained there is judged against that curve. A loss curve follows the instruction set of the kernels that made it
-(docs/BENCHMARKS_LONG.md, "Cost": an AVX-512 AMD EPYC leaves the Intel Xeon's ResNet-18 curve at step 2), so on
-another machine class every new row would be compared with a dense run that machine cannot reproduce: a gap of
-chaos, not of compression, and nothing in the report would show it. So before an invocation trains anything into a
-directory whose dense run was restored, this machine trains that dense run for up to a minute, and it must give back
-every logged loss bit for bit.
+trained there is judged against that curve. A loss curve follows the kernels that made it (docs/BENCHMARKS_LONG.md,
+"Cost": an AVX-512 AMD EPYC leaves the Intel Xeon's ResNet-18 curve at step 2 unless MKL takes its Intel path,
+``mkl_vendor.py``), so on another machine class every new row would be compared with a dense run that machine cannot
+reproduce: a gap of chaos, not of compression, and nothing in the report would show it. So before an invocation
+trains anything into a directory whose dense run was restored, this machine trains that dense run for up to a
+minute, and it must give back every logged loss bit for bit.
 """
 from __future__ import annotations
 
@@ -62,8 +62,10 @@ def check_restored(run_dir: Path, train: Callable[[Path, str], None]) -> Optiona
     if differs is not None:
         raise SystemExit(f"machine check: this machine leaves {run_dir}'s {ref} curve (restored from "
                          f"{source['from']}, made on {made_on}) at step {differs}: rows trained here would be judged "
-                         "against a dense run it cannot reproduce. Train that seed on its own machine class "
-                         "(docs/BENCHMARKS_LONG.md, \"Cost\"); nothing was trained")
+                         "against a dense run it cannot reproduce. Train that seed on its own machine class, or make this "
+                         "one train as it does (an AMD CPU: MKL on its Intel path for an Intel Xeon's curve, python "
+                         "-m ds_gravac_bench.mkl_vendor; caps to AVX2 for an AVX2 CPU's; docs/BENCHMARKS_LONG.md, "
+                         "\"Cost\"); nothing was trained")
     print(f"[machine check] {run_dir}: this machine gives back {ref}'s restored curve bit for bit over {n} steps",
           flush=True)
     return n
