@@ -41,9 +41,10 @@ runs may be gone): a bound changed after the rows were saved would otherwise jud
 
 ``match`` says whether this machine can continue a kept seed: the dense run in a run directory (a minute of
 ``fidelity run --task T --seed S --systems ds_dense --timeout 60 --out DIR`` is enough) against the kept curve, bit
-for bit. Loss curves follow the kernels' instruction set, so a machine that leaves the kept curve at any step
-trains every other system of that seed on another curve too (docs/BENCHMARKS_LONG.md, "Cost"). ``restore`` marks
-the run it writes, and training into such a directory makes this check first (:mod:`ds_gravac_bench.machine_check`).
+for bit. Loss curves follow the kernels (their instruction set, and MKL's vendor check), so a machine that leaves
+the kept curve at any step trains every other system of that seed on another curve too (docs/BENCHMARKS_LONG.md,
+"Cost"). ``restore`` marks the run it writes, and training into such a directory makes this check first
+(:mod:`ds_gravac_bench.machine_check`).
 
 ``price`` times a kept seed's static rows with the step prices another kept seed holds
 (:mod:`ds_gravac_bench.kept_prices`): one step-time invocation per rate prices every seed of a table, after its raw
@@ -66,7 +67,7 @@ from ds_gravac_bench.fidelity_seeds import seed_table
 from ds_gravac_bench.keep import strip_paths
 from ds_gravac_bench.kept_prices import price_like
 from ds_gravac_bench.fidelity_runs import curve_of
-from ds_gravac_bench.machine_check import CHECK_SECONDS, check_restored, first_difference, mark_restored
+from ds_gravac_bench.machine_check import CHECK_SECONDS, REMEDY, check_restored, first_difference, mark_restored
 from ds_gravac_bench.report import read_steps, shown_path
 
 REPORT_FILE, REFERENCE_FILE = "fidelity.json", "reference.json"
@@ -275,7 +276,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         n, differs = match(a.kept, a.run_dir)
         if differs is not None:
             raise SystemExit(f"[long_keep] {a.run_dir}: leaves {a.kept}'s dense curve at step {differs}: this machine "
-                             "trains another curve and cannot continue that seed")
+                             f"trains another curve and cannot continue that seed as it is. {REMEDY}")
         print(f"[long_keep] {a.run_dir}: {a.kept}'s dense curve bit for bit over {n} steps")
     elif a.cmd == "price":
         table, priced = price_like(json.loads((a.kept / REPORT_FILE).read_text()),

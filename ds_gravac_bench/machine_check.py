@@ -21,6 +21,10 @@ from ds_gravac_bench.report import read_steps
 MARKER = "restored.json"          # in the restored system's directory: where its curve came from
 CHECK_DIR = "machine-check"       # the check's own run, inside the directory it checks
 CHECK_SECONDS = 60.0
+# What to do when a machine leaves a kept curve (``long_keep match`` and the check below say it alike).
+REMEDY = ("Train that seed on its own machine class, or make this one train as it does (an AMD CPU: MKL on its Intel "
+          "path for an Intel Xeon's curve, python -m ds_gravac_bench.mkl_vendor; caps to AVX2 for an AVX2 CPU's; "
+          "docs/BENCHMARKS_LONG.md, \"Cost\")")
 
 
 def mark_restored(run_dir: Path, system: str, source: str, env: Optional[dict[str, Any]]) -> None:
@@ -62,10 +66,7 @@ def check_restored(run_dir: Path, train: Callable[[Path, str], None]) -> Optiona
     if differs is not None:
         raise SystemExit(f"machine check: this machine leaves {run_dir}'s {ref} curve (restored from "
                          f"{source['from']}, made on {made_on}) at step {differs}: rows trained here would be judged "
-                         "against a dense run it cannot reproduce. Train that seed on its own machine class, or "
-                         "make this one train as it does (an AMD CPU: MKL on its Intel path for an Intel Xeon's "
-                         "curve, python -m ds_gravac_bench.mkl_vendor; caps to AVX2 for an AVX2 CPU's; "
-                         "docs/BENCHMARKS_LONG.md, \"Cost\"); nothing was trained")
+                         f"against a dense run it cannot reproduce. {REMEDY}; nothing was trained")
     print(f"[machine check] {run_dir}: this machine gives back {ref}'s restored curve bit for bit over {n} steps",
           flush=True)
     return n
