@@ -8,7 +8,7 @@
     python -m ds_gravac_bench.long_keep rejudge docs/bench/long/resnet18_long-s0 [more kept directories]
     python -m ds_gravac_bench.long_keep price docs/bench/long/resnet18_long-s0-intel \\
         --like docs/bench/long/resnet18_long-s1
-    python -m ds_gravac_bench.long_keep match docs/bench/long/resnet18_long-s0-intel runs/check
+    python -m ds_gravac_bench.long_keep match docs/bench/long/resnet18_long-s0-intel runs/check [--row ID]
 
 Why: one seed of ``resnet18_long`` is about 10 machine-hours, a working session gives about 2.5, and raw runs
 live under ``runs/`` (ignored), which a new machine does not have. ``save`` writes two small files into the kept
@@ -44,7 +44,9 @@ runs may be gone): a bound changed after the rows were saved would otherwise jud
 for bit. Loss curves follow the kernels (their instruction set, and MKL's vendor check), so a machine that leaves
 the kept curve at any step trains every other system of that seed on another curve too (docs/BENCHMARKS_LONG.md,
 "Cost"). ``restore`` marks the run it writes, and training into such a directory makes this check first
-(:mod:`ds_gravac_bench.machine_check`).
+(:mod:`ds_gravac_bench.machine_check`). ``match --row ID`` checks a whole compressed run the same way: the run of
+``ID`` in a run directory, judged against the kept dense curve, must give the kept row's figures (final loss,
+peak, bytes, steps to each target, every evaluation).
 
 ``price`` times a kept seed's static rows with the step prices another kept seed holds
 (:mod:`ds_gravac_bench.kept_prices`): one step-time invocation per rate prices every seed of a table, after its raw
@@ -55,6 +57,8 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -177,6 +181,36 @@ def match(kept: Path, run_dir: Path) -> tuple[int, Optional[int]]:
     return n, differs
 
 
+ROW_FIELDS = ("final_loss", "peak", "bytes_ratio", "steps_to_target", "steps_to_top1", "evals", "eval")
+
+
+def match_row(kept: Path, run_dir: Path, row: str) -> list[str]:
+    """The fields of the kept row ``row`` that ``run_dir``'s run of that system gives otherwise ([]: the kept
+    row, figure for figure). The run is judged against the kept dense curve, as the kept row was, so a run
+    directory of another machine needs no dense run of its own."""
+    table = json.loads((kept / REPORT_FILE).read_text())
+    rows = {r["id"]: r for r in table["systems"]}
+    if row not in rows:
+        raise SystemExit(f"long_keep match: {kept} holds no row {row!r}; its rows: {', '.join(map(repr, rows))}")
+    steps = run_dir / "systems" / row / "steps.jsonl"
+    if not steps.is_file():
+        raise SystemExit(f"long_keep match: {run_dir} holds no run of {row} (no {steps.name})")
+    with tempfile.TemporaryDirectory() as tmp:
+        scratch = Path(tmp) / "run"
+        restore(kept, scratch)
+        meta = json.loads((scratch / "meta.json").read_text())
+        meta["systems"][row] = json.loads((run_dir / "meta.json").read_text())["systems"][row]
+        (scratch / "meta.json").write_text(json.dumps(meta))
+        config = run_dir / "configs" / f"{row}.json"
+        if config.is_file():
+            shutil.copy(config, scratch / "configs" / config.name)
+        (scratch / "systems" / row).mkdir()
+        shutil.copy(steps, scratch / "systems" / row / steps.name)
+        rebuilt = {r["id"]: r for r in seed_table([scratch], {})["systems"]}
+    as_kept = json.loads(json.dumps(rebuilt[row]))       # tuples become the lists a kept report holds
+    return [k for k in ROW_FIELDS if as_kept.get(k) != rows[row].get(k)]
+
+
 def drop(kept: Path, ids: Sequence[str]) -> dict[str, Any]:
     """Remove the rows ``ids`` from ``kept``'s report; the rest stays as it was but for the noise floor, which is
     recomputed from the rows left (it is the noise control's row). The dense reference and an id the report does
@@ -259,6 +293,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     m = sub.add_parser("match", help="is a run directory's dense curve the kept one, bit for bit (this machine's?)")
     m.add_argument("kept", type=Path)
     m.add_argument("run_dir", type=Path)
+    m.add_argument("--row", help="compare this kept row (a system's id) with the run directory's run of it instead")
     p = sub.add_parser("price", help="time a kept seed's static rows with the step prices another kept seed holds")
     p.add_argument("kept", type=Path)
     p.add_argument("--like", type=Path, required=True, help="a kept seed of the same table, priced by step-time runs")
@@ -272,6 +307,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     elif a.cmd == "drop":
         table = drop(a.kept, a.ids)
         print(f"[long_keep] {a.kept}: dropped {', '.join(a.ids)}; {len(table['systems'])} rows kept")
+    elif a.cmd == "match" and a.row:
+        differ = match_row(a.kept, a.run_dir, a.row)
+        if differ:
+            raise SystemExit(f"[long_keep] {a.run_dir}: {a.row} differs from {a.kept}'s row in {', '.join(differ)}")
+        print(f"[long_keep] {a.run_dir}: {a.row} gives {a.kept}'s row ({', '.join(ROW_FIELDS)} equal)")
     elif a.cmd == "match":
         n, differs = match(a.kept, a.run_dir)
         if differs is not None:

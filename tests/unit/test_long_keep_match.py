@@ -1,5 +1,5 @@
 """``long_keep match``: whether a run directory's dense run is a kept seed's curve bit for bit — the check that
-this machine can continue that seed."""
+this machine can continue that seed — and, with ``--row``, whether a compressed run gives its kept row."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ds_gravac_bench.long_keep import main, match, restore
+from ds_gravac_bench.long_keep import main, match, match_row, restore, save
 
 KEPT = Path(__file__).resolve().parents[2] / "docs" / "bench" / "long"
 INTEL, AMD = KEPT / "resnet18_long-s0-intel", KEPT / "resnet18_long-s0"
@@ -44,3 +44,58 @@ def test_a_partial_run_one_ulp_off_at_step_2_differs_there(tmp_path: Path, capsy
     _steps(tmp_path / "run").write_text("")
     with pytest.raises(SystemExit, match="holds no step yet"):
         match(INTEL, tmp_path / "run")
+
+
+TOPK = {"gravac": {"mode": "static", "compressor": "topk", "cf": 100}}
+
+
+def _compressed_run(root: Path, with_dense: bool) -> Path:
+    """A run directory holding ``gv_topk_100``: the kept dense run's steps, 1% higher, at a 43rd of the bytes
+    (with the kept dense run beside it when ``with_dense``, as the machine that trained it had)."""
+    if with_dense:
+        restore(INTEL, root)
+        meta = json.loads((root / "meta.json").read_text())
+    else:
+        (root / "configs").mkdir(parents=True)
+        meta = {"systems": {}}
+    dense = [json.loads(x) for x in _restored_dense(root.parent).read_text().splitlines()]
+    records = [{**r, "loss": float(np.float32(r["loss"] * 1.01)), "bytes_sent": r["bytes_sent"] // 43} for r in dense]
+    (root / "systems" / "gv_topk_100").mkdir(parents=True)
+    (root / "systems" / "gv_topk_100" / "steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (root / "configs" / "gv_topk_100.json").write_text(json.dumps(TOPK))
+    meta["systems"]["gv_topk_100"] = {"returncode": 0, "family": None}
+    (root / "meta.json").write_text(json.dumps(meta))
+    return root
+
+
+def _restored_dense(root: Path) -> Path:
+    """The kept dense run's steps, restored once under ``root``."""
+    if not (root / "dense").exists():
+        restore(INTEL, root / "dense")
+    return _steps(root / "dense")
+
+
+def test_a_compressed_run_gives_its_kept_row_or_names_the_fields_it_changes(tmp_path: Path,
+                                                                             capsys: pytest.CaptureFixture) -> None:
+    """``match --row``: a kept row re-trained elsewhere (a directory without a dense run) is judged against the
+    kept dense curve; the same steps give the kept row, one evaluation or the last loss changed does not."""
+    save(_compressed_run(tmp_path / "trained", with_dense=True), tmp_path / "kept")
+    elsewhere = _compressed_run(tmp_path / "elsewhere", with_dense=False)
+    assert match_row(tmp_path / "kept", elsewhere, "gv_topk_100") == []
+    main(["match", str(tmp_path / "kept"), str(elsewhere), "--row", "gv_topk_100"])
+    assert "gv_topk_100 gives" in capsys.readouterr().out
+    steps = elsewhere / "systems" / "gv_topk_100" / "steps.jsonl"
+    records = [json.loads(x) for x in steps.read_text().splitlines()]
+    evaluated = next(r for r in records if "eval/top1" in r and r["step"] < len(records))
+    evaluated["eval/top1"] += 0.01
+    steps.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert match_row(tmp_path / "kept", elsewhere, "gv_topk_100") == ["evals"]
+    records[-1]["loss"] *= 1.5
+    steps.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert "final_loss" in match_row(tmp_path / "kept", elsewhere, "gv_topk_100")
+    with pytest.raises(SystemExit, match="differs from .* row in final_loss"):
+        main(["match", str(tmp_path / "kept"), str(elsewhere), "--row", "gv_topk_100"])
+    with pytest.raises(SystemExit, match="holds no row 'gv_qsgd8'; its rows: 'ds_dense', 'gv_topk_100'"):
+        match_row(tmp_path / "kept", elsewhere, "gv_qsgd8")
+    with pytest.raises(SystemExit, match="holds no run of gv_topk_100"):
+        match_row(tmp_path / "kept", tmp_path / "dense", "gv_topk_100")
