@@ -49,17 +49,13 @@ def test_a_partial_run_one_ulp_off_at_step_2_differs_there(tmp_path: Path, capsy
 TOPK = {"gravac": {"mode": "static", "compressor": "topk", "cf": 100}}
 
 
-def _compressed_run(root: Path, with_dense: bool) -> Path:
-    """A run directory holding ``gv_topk_100``: the kept dense run's steps, 1% higher, at a 43rd of the bytes
-    (with the kept dense run beside it when ``with_dense``, as the machine that trained it had)."""
-    if with_dense:
-        restore(INTEL, root)
-        meta = json.loads((root / "meta.json").read_text())
-    else:
-        (root / "configs").mkdir(parents=True)
-        meta = {"systems": {}}
-    dense = [json.loads(x) for x in _restored_dense(root.parent).read_text().splitlines()]
-    records = [{**r, "loss": float(np.float32(r["loss"] * 1.01)), "bytes_sent": r["bytes_sent"] // 43} for r in dense]
+def _with_topk(root: Path, dense: Path) -> Path:
+    """``root`` (made if new) with a run of ``gv_topk_100`` added: the kept dense run's steps (``dense``), 1% higher,
+    at a 43rd of the bytes."""
+    (root / "configs").mkdir(parents=True, exist_ok=True)
+    meta = json.loads((root / "meta.json").read_text()) if (root / "meta.json").is_file() else {"systems": {}}
+    records = [{**r, "loss": float(np.float32(r["loss"] * 1.01)), "bytes_sent": r["bytes_sent"] // 43}
+               for r in map(json.loads, dense.read_text().splitlines())]
     (root / "systems" / "gv_topk_100").mkdir(parents=True)
     (root / "systems" / "gv_topk_100" / "steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     (root / "configs" / "gv_topk_100.json").write_text(json.dumps(TOPK))
@@ -68,19 +64,13 @@ def _compressed_run(root: Path, with_dense: bool) -> Path:
     return root
 
 
-def _restored_dense(root: Path) -> Path:
-    """The kept dense run's steps, restored once under ``root``."""
-    if not (root / "dense").exists():
-        restore(INTEL, root / "dense")
-    return _steps(root / "dense")
-
-
 def test_a_compressed_run_gives_its_kept_row_or_names_the_fields_it_changes(tmp_path: Path,
                                                                              capsys: pytest.CaptureFixture) -> None:
     """``match --row``: a kept row re-trained elsewhere (a directory without a dense run) is judged against the
     kept dense curve; the same steps give the kept row, one evaluation or the last loss changed does not."""
-    save(_compressed_run(tmp_path / "trained", with_dense=True), tmp_path / "kept")
-    elsewhere = _compressed_run(tmp_path / "elsewhere", with_dense=False)
+    restore(INTEL, tmp_path / "trained")                    # the machine that trained it had the dense run beside it
+    save(_with_topk(tmp_path / "trained", _steps(tmp_path / "trained")), tmp_path / "kept")
+    elsewhere = _with_topk(tmp_path / "elsewhere", _steps(tmp_path / "trained"))
     assert match_row(tmp_path / "kept", elsewhere, "gv_topk_100") == []
     main(["match", str(tmp_path / "kept"), str(elsewhere), "--row", "gv_topk_100"])
     assert "gv_topk_100 gives" in capsys.readouterr().out
@@ -98,4 +88,4 @@ def test_a_compressed_run_gives_its_kept_row_or_names_the_fields_it_changes(tmp_
     with pytest.raises(SystemExit, match="holds no row 'gv_qsgd8'; its rows: 'ds_dense', 'gv_topk_100'"):
         match_row(tmp_path / "kept", elsewhere, "gv_qsgd8")
     with pytest.raises(SystemExit, match="holds no run of gv_topk_100"):
-        match_row(tmp_path / "kept", tmp_path / "dense", "gv_topk_100")
+        match_row(tmp_path / "kept", tmp_path / "kept", "gv_topk_100")
